@@ -1,0 +1,501 @@
+"""The engine: every queue, every subscription, and what must be journaled.
+
+Theory of operation
+-------------------
+Callers feed inputs (``publish``, ``subscribe``, ``ack``, ``cancel``, ``expire``,
+``extend``, ``unsubscribe``, ``disconnect``, ``advance``) each carrying ``now_ms``;
+then call ``drain(now_ms)``, which dispatches and returns an ``Output``: the journal
+records this step produced and the deliveries to send. The adapter's contract:
+
+1. append ``Output.records`` to the journal and commit them (one transaction);
+2. only then send ``Output.deliveries`` and the publish confirmations of the step.
+
+That order is what makes at-most-once safe (the delivery is durable before the frame
+leaves) and what keeps every delivered message a committed one.
+
+One global counter numbers messages and events alike (``records`` explains why).
+Recovery is a pure fold: ``Engine.recover`` reads the records at or above the lowest
+recovery point and rebuilds every queue. The engine has no clock, no socket, no
+disk and no randomness; ``zq.testing.simulator`` drives it from a seed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from zq.core import limits
+from zq.core import records as R
+from zq.core.errors import LimitError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
+from zq.core.queue import Queue, Subscription
+from zq.core.settings import QueueSettings, auto_queue
+
+
+class Deliver(msgspec.Struct, array_like=True, gc=False):
+    """Send these messages to subscription ``sub_id`` (payloads come from the journal)."""
+
+    sub_id: str
+    queue: str
+    seqs: list[int]
+    deliveries: list[int]
+
+
+class Output(msgspec.Struct, gc=False):
+    records: list[Any]
+    deliveries: list[Deliver]
+
+
+class Engine:
+    """All queue semantics of one dispatcher; see the module docstring."""
+
+    def __init__(self, queues: Iterable[QueueSettings] = (), *, auto_queues: bool = True, next_seq: int = 1) -> None:
+        self.queues: dict[str, Queue] = {}
+        self.auto_queues = auto_queues
+        self.next_seq = next_seq
+        self.subs: dict[str, Subscription] = {}
+        self.subs_of_consumer: dict[str, set[str]] = {}
+        self.route_cache: dict[str, list[Queue]] = {}
+        self.records: list[Any] = []
+        self.deliveries: list[Deliver] = []
+        self.now_ms = 0
+        self.ti_ms = array("q")  # time index: first seq published at each ms
+        self.ti_seq = array("Q")
+        self.rp_written: dict[str, int] = {}
+        self.rp_due_ms = 0
+        self.published = 0
+        for settings in queues:
+            self.add_queue(settings.validate(), declare=False)
+
+    # ------------------------------------------------------------- queues
+
+    def add_queue(self, settings: QueueSettings, *, declare: bool = True) -> Queue:
+        q = Queue(settings)
+        self.queues[settings.name] = q
+        self.route_cache.clear()
+        if declare:
+            self.records.append(R.QueueDeclared(msgspec.json.encode(settings), self.now_ms))
+        return q
+
+    def queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise UnknownQueueError(f"no queue named {name!r}")
+        return q
+
+    def route(self, topic: str) -> list[Queue]:
+        qs = self.route_cache.get(topic)
+        if qs is None:
+            qs = [q for q in self.queues.values() if q.covers(topic)]
+            self.route_cache[topic] = qs
+        return qs
+
+    def resolve_topic(self, topic: str) -> str:
+        q = self.queues.get(topic)
+        if q is not None and q.settings.publish_to:
+            return q.settings.publish_to
+        return topic
+
+    # ------------------------------------------------------------ publish
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        now_ms: int,
+        msg_id: str | None = None,
+    ) -> int:
+        """Journal a message and enqueue it on every queue covering its topic.
+
+        Returns its bookmark (sequence number). Raises ProtocolError / LimitError for a
+        bad message, before anything is journaled.
+        """
+        self.set_time(now_ms)
+        headers = headers or {}
+        topic = self.resolve_topic(topic)
+        check_message(topic, payload, headers)
+        queues = self.route(topic)
+        if not queues and self.auto_queues:
+            queues = [self.add_queue(auto_queue(topic, self.next_seq))]
+            self.route_cache.pop(topic, None)
+        for q in queues:  # refuse before journaling anything
+            if q.grouped:
+                name = headers.get(q.settings.group_header)  # type: ignore[arg-type]
+                if name is not None and not q.can_take_group(name):
+                    raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
+        seq = self.take_seq()
+        self.records.append(R.Message(seq, now_ms, topic, headers, payload, msg_id))
+        self.note_time(now_ms, seq)
+        for q in queues:
+            gid = 0
+            if q.grouped:
+                name = headers.get(q.settings.group_header)  # type: ignore[arg-type]
+                if name is not None:
+                    gid = q.group_id(name)
+            q.enqueue(seq, gid)
+        self.published += 1
+        return seq
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def set_time(self, now_ms: int) -> None:
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
+
+    def note_time(self, now_ms: int, seq: int) -> None:
+        if not self.ti_ms or now_ms > self.ti_ms[-1]:
+            self.ti_ms.append(now_ms)
+            self.ti_seq.append(seq)
+
+    def watermark(self, q: Queue) -> int:
+        """Highest seq published at or before now - expiration (-1: none expired)."""
+        e = q.settings.expiration_ms
+        if not e or not self.ti_ms:
+            return -1
+        i = bisect_right(self.ti_ms, self.now_ms - e)
+        if i == 0:
+            return -1
+        return self.ti_seq[i] - 1 if i < len(self.ti_seq) else self.next_seq - 1
+
+    # ------------------------------------------------------ subscriptions
+
+    def subscribe(self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int) -> int:
+        """Open a subscription; returns its backlog (the credit it gets)."""
+        self.set_time(now_ms)
+        if sub_id in self.subs:
+            raise ProtocolError(f"subscription id {sub_id!r} is already in use")
+        if len(self.subs) >= limits.SUBSCRIPTIONS_MAX:
+            raise LimitError(f"too many subscriptions (max {limits.SUBSCRIPTIONS_MAX})")
+        q = self.queues.get(queue)
+        if q is None:
+            if not self.auto_queues:
+                raise UnknownQueueError(f"no queue named {queue!r}")
+            q = self.add_queue(auto_queue(queue, self.next_seq))
+        if max_backlog < 1:
+            raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
+        backlog = min(q.settings.max_per_subscription_backlog, max_backlog)
+        sub = Subscription(sub_id, q, consumer, backlog)
+        self.subs[sub_id] = sub
+        self.subs_of_consumer.setdefault(consumer, set()).add(sub_id)
+        q.add_subscription(sub)
+        return backlog
+
+    def sub(self, sub_id: str) -> Subscription:
+        s = self.subs.get(sub_id)
+        if s is None:
+            raise UnknownSubscriptionError(f"no subscription {sub_id!r}")
+        return s
+
+    def unsubscribe(self, sub_id: str, now_ms: int) -> None:
+        """End a subscription; its leased messages return to the queue in order."""
+        self.set_time(now_ms)
+        sub = self.sub(sub_id)
+        del self.subs[sub_id]
+        ids = self.subs_of_consumer.get(sub.consumer)
+        if ids is not None:
+            ids.discard(sub_id)
+            if not ids:
+                del self.subs_of_consumer[sub.consumer]
+        sub.queue.remove_subscription(sub)
+
+    def disconnect(self, consumer: str, now_ms: int) -> None:
+        """A consumer is gone: every subscription of it ends, leases break at once."""
+        for sub_id in sorted(self.subs_of_consumer.get(consumer, ())):
+            self.unsubscribe(sub_id, now_ms)
+
+    def ack(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
+        """Acknowledge; returns the bookmarks refused (not leased by this subscription)."""
+        self.set_time(now_ms)
+        sub = self.sub(sub_id)
+        q = sub.queue
+        return [seq for seq in seqs if q.ack(sub, seq) is not None]
+
+    def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
+        self.set_time(now_ms)
+        sub = self.sub(sub_id)
+        return [seq for seq in seqs if sub.queue.cancel(sub, seq) is not None]
+
+    def expire(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
+        self.set_time(now_ms)
+        sub = self.sub(sub_id)
+        return [seq for seq in seqs if sub.queue.expire_request(sub, seq) is not None]
+
+    def extend(self, sub_id: str, seqs: list[int], extra_ms: int, now_ms: int) -> list[int]:
+        """Lease the given messages for ``extra_ms`` from now; returns those refused."""
+        self.set_time(now_ms)
+        if extra_ms <= 0:
+            raise ProtocolError("a lease extension must be positive")
+        sub = self.sub(sub_id)
+        return sub.queue.extend(sub, seqs, now_ms + extra_ms)
+
+    # ------------------------------------------------------------------ time
+
+    def advance(self, now_ms: int) -> None:
+        """Time passed: expire leases that ended and messages too old to keep."""
+        self.set_time(now_ms)
+        for q in self.queues.values():
+            q.advance(self.now_ms, self.watermark(q))
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``advance`` next has work (a lease ends or a message ages out)."""
+        best = None
+        for q in self.queues.values():
+            d = q.next_deadline_ms()
+            e = self.next_expiry_ms(q)
+            for x in (d, e):
+                if x is not None and (best is None or x < best):
+                    best = x
+        return best
+
+    def next_expiry_ms(self, q: Queue) -> int | None:
+        e = q.settings.expiration_ms
+        if not e or not q.depth or not self.ti_ms:
+            return None
+        best = None
+        oldest = q.oldest_waiting_ungrouped()
+        if oldest is not None:
+            i = bisect_right(self.ti_seq, oldest) - 1
+            best = self.ti_ms[i] + e if i >= 0 else self.now_ms + e
+        if q.ready or q.groups and q.any_group_pending():
+            sweep = max(q.group_sweep_due_ms, self.now_ms + 1)
+            best = sweep if best is None else min(best, sweep)
+        return best
+
+    # ------------------------------------------------------------------ drain
+
+    def drain(self, now_ms: int) -> Output:
+        """Dispatch everything possible; return what to journal, then what to send."""
+        self.set_time(now_ms)
+        now = self.now_ms
+        for _ in range(64):  # dead letters can feed other queues; bounded, converges fast
+            busy = False
+            for q in list(self.queues.values()):
+                if q.dirty:
+                    q.dispatch(now)
+                if q.expired_out:
+                    self.flush_expired(q)
+                    busy = True
+            if not busy and not any(q.dirty for q in self.queues.values()):
+                break
+        for q in self.queues.values():
+            self.flush_events(q)
+        for sub in self.subs.values():
+            if sub.out_seqs:
+                seqs, deliveries = sub.queue.take_outbox(sub)
+                self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
+                self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, deliveries))
+        if now >= self.rp_due_ms:
+            self.rp_due_ms = now + limits.RECOVERY_POINT_INTERVAL_MS
+            self.write_recovery_points()
+        out = Output(self.records, self.deliveries)
+        self.records, self.deliveries = [], []
+        return out
+
+    def flush_expired(self, q: Queue) -> None:
+        expired, q.expired_out = q.expired_out, []
+        by_reason: dict[str, list[tuple[int, str, int, str | None]]] = {}
+        for item in expired:
+            by_reason.setdefault(item[1], []).append(item)
+        for reason, items in by_reason.items():
+            seqs = [it[0] for it in items]
+            ds = [it[2] for it in items]
+            self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason))
+            target = q.settings.dead_letter
+            if target:
+                for seq, _, d, group in items:
+                    self.publish_dead_letter(q, target, seq, reason, d, group)
+
+    def publish_dead_letter(
+        self, q: Queue, target: str, seq: int, reason: str, deliveries: int, group: str | None
+    ) -> None:
+        """Publish an expired message's copy to ``target`` (the journal copies the payload).
+
+        The engine holds no headers, so a dead-letter queue groups the copy by the
+        source queue's group when both queues use the same group header (the default);
+        recovery reads the copied headers and agrees.
+        """
+        headers = {
+            "zq.reason": reason,
+            "zq.queue": q.name,
+            "zq.deliveries": str(deliveries),
+            "zq.bookmark": str(seq),
+        }
+        queues = self.route(target)
+        if not queues and self.auto_queues:
+            queues = [self.add_queue(auto_queue(target, self.next_seq, dead_letter=False))]
+            self.route_cache.pop(target, None)
+        new_seq = self.take_seq()
+        self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
+        self.note_time(self.now_ms, new_seq)
+        for dq in queues:
+            gid = 0
+            if group is not None and dq.grouped and dq.settings.group_header == q.settings.group_header:
+                if dq.can_take_group(group):
+                    gid = dq.group_id(group)
+            dq.enqueue(new_seq, gid)
+        q.dead_lettered += 1
+
+    def flush_events(self, q: Queue) -> None:
+        if not q.events_out:
+            return
+        events, q.events_out = q.events_out, {}
+        for (kind, consumer, reason), batch in events.items():
+            seqs = [s for s, _ in batch]
+            ds = [d for _, d in batch]
+            self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason))
+
+    def write_recovery_points(self) -> None:
+        for q in self.queues.values():
+            rp = q.compute_recovery_point(self.next_seq)
+            if self.rp_written.get(q.name) != rp:
+                self.rp_written[q.name] = rp
+                q.recovery_point = rp
+                self.records.append(R.RecoveryPoint(q.name, rp, self.now_ms))
+
+    def min_recovery_point(self) -> int:
+        """Below this, every queue is finished with every record (retention may delete)."""
+        rps = [q.compute_recovery_point(self.next_seq) for q in self.queues.values()]
+        return min(rps, default=self.next_seq)
+
+    # --------------------------------------------------------------- views
+
+    def stats(self) -> dict[str, Any]:
+        queues = {}
+        for q in self.queues.values():
+            queues[q.name] = {
+                "depth": q.depth,
+                "leased": len(q.lease_of),
+                "published": q.published,
+                "delivered": q.delivered,
+                "acked": q.acked,
+                "cancelled": q.cancelled,
+                "expired": q.expired,
+                "dead_lettered": q.dead_lettered,
+                "redelivered": q.redelivered,
+                "groups": len(q.groups),
+                "semantics": q.settings.semantics,
+                "consumers": [
+                    {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog, "acked": s.acked}
+                    for s in q.subs
+                ],
+            }
+        return {"queues": queues, "published": self.published, "next_seq": self.next_seq}
+
+    def peek(self, queue: str, limit: int) -> list[tuple[int, int]]:
+        """Waiting messages in delivery order as (bookmark, deliveries), without leasing."""
+        q = self.queue(queue)
+        out = []
+        for seq in q.waiting():
+            if len(out) >= limit:
+                break
+            out.append((seq, q.deliveries_of(seq)))
+        return out
+
+    # ------------------------------------------------------------- recovery
+
+    @classmethod
+    def recover(
+        cls,
+        queues: Iterable[QueueSettings],
+        declared: Iterable[R.QueueDeclared],
+        recovery_points: dict[str, int],
+        next_seq: int,
+        events: Iterable[R.Event],
+        messages: Iterable[R.Message],
+        *,
+        auto_queues: bool = True,
+    ) -> "Engine":
+        """Rebuild every queue from the journal (a pure fold over its records).
+
+        ``events`` and ``messages`` are the journal's records at or above
+        ``min(recovery_points)`` (or of everything, for queues without one), each in
+        sequence order. Acked and expired messages are gone; every other message
+        returns to its queue in its original order with its delivery and cancel counts.
+        """
+        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq)
+        for d in declared:
+            settings = msgspec.json.decode(d.settings_json, type=QueueSettings)
+            if settings.name not in eng.queues:  # config wins over run-time declarations
+                eng.add_queue(settings, declare=False)
+        done: dict[str, set[int]] = {name: set() for name in eng.queues}
+        counts: dict[str, dict[int, list[int]]] = {name: {} for name in eng.queues}
+        for ev in events:
+            q = eng.queues.get(ev.queue)
+            if q is None:
+                continue
+            fold_event(q, ev, done[ev.queue], counts[ev.queue])
+        starts = {name: max(recovery_points.get(name, q.settings.start_seq), q.settings.start_seq)
+                  for name, q in eng.queues.items()}
+        for msg in messages:
+            eng.note_time(msg.ts_ms, msg.seq)
+            for q in eng.route(msg.topic):
+                if msg.seq < starts[q.name] or msg.seq in done[q.name]:
+                    continue
+                gid = 0
+                if q.grouped:
+                    name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
+                    if name is not None and q.can_take_group(name):
+                        gid = q.group_id(name)
+                q.enqueue(msg.seq, gid)
+                c = counts[q.name].get(msg.seq)
+                if c is not None:
+                    q.restore_counts(msg.seq, gid, c[0], c[1])
+        for q in eng.queues.values():
+            q.published = 0
+            q.recovery_point = q.compute_recovery_point(eng.next_seq)
+            eng.rp_written[q.name] = recovery_points.get(q.name, -1)
+            if q.settings.max_deliveries and not q.at_most_once:
+                expire_exhausted(q)
+        return eng
+
+
+def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int]]) -> None:
+    kind = ev.kind
+    if kind in (R.ACKED, R.EXPIRED) or (kind == R.LEASED and q.at_most_once):
+        done.update(ev.bookmarks)
+    elif kind == R.LEASED:
+        for seq, d in zip(ev.bookmarks, ev.deliveries):
+            c = counts.get(seq)
+            if c is None:
+                counts[seq] = [d, 0]
+            elif d > c[0]:
+                c[0] = d
+    elif kind == R.CANCELLED:
+        for seq in ev.bookmarks:
+            c = counts.setdefault(seq, [0, 0])
+            c[1] += 1
+
+
+def expire_exhausted(q: Queue) -> None:
+    """Recovery: a message whose deliveries ran out while leased expires now, as
+    it would have when its lease broke."""
+    limit = q.settings.max_deliveries
+    exhausted = [seq for seq in q.meta if q.deliveries_of(seq) >= limit]
+    if exhausted:
+        for seq in exhausted:
+            q.remove_available(seq)
+            q.expired_out.append((seq, R.REASON_MAX_DELIVERIES, q.deliveries_of(seq), q.group_name_of(seq)))
+            q.expired += 1
+
+
+def check_message(topic: str, payload: bytes, headers: dict[str, str]) -> None:
+    if not topic:
+        raise ProtocolError("topic must not be empty")
+    if len(topic.encode()) > limits.TOPIC_BYTES_MAX:
+        raise LimitError(f"topic longer than {limits.TOPIC_BYTES_MAX} bytes")
+    if len(payload) > limits.MESSAGE_BYTES_MAX:
+        raise LimitError(f"message of {len(payload)} bytes exceeds {limits.MESSAGE_BYTES_MAX}")
+    if len(headers) > limits.HEADERS_MAX:
+        raise LimitError(f"more than {limits.HEADERS_MAX} headers")
+    for k, v in headers.items():
+        if len(k) > limits.HEADER_BYTES_MAX or len(v) > limits.HEADER_BYTES_MAX:
+            raise LimitError(f"header {k[:40]!r} longer than {limits.HEADER_BYTES_MAX}")
+        if k.startswith("zq."):
+            raise ProtocolError(f"header names starting with 'zq.' are reserved: {k!r}")

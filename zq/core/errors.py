@@ -1,0 +1,45 @@
+"""Errors zq reports to its callers.
+
+Operating errors (a peer's bad request, a full disk) are ``ZqError`` subclasses with
+a stable ``code`` that travels on the wire; programmer errors stay ``AssertionError``.
+"""
+
+
+class ZqError(Exception):
+    """Root of every error zq reports; ``code`` is the wire error code."""
+
+    code = "error"
+
+
+class ProtocolError(ZqError):
+    """A request that breaks the protocol: malformed, out of order, unknown kind."""
+
+    code = "protocol"
+
+
+class UnknownQueueError(ZqError):
+    code = "unknown-queue"
+
+
+class UnknownSubscriptionError(ZqError):
+    code = "unknown-subscription"
+
+
+class LimitError(ZqError):
+    """A configured ceiling was reached (message size, groups, subscriptions...)."""
+
+    code = "limit"
+
+
+class NotSupportedError(ZqError):
+    code = "not-supported"
+
+
+class ConfigError(ZqError):
+    code = "config"
+
+
+class JournalError(ZqError):
+    """The journal cannot do what was asked: disk full, newer format, corruption."""
+
+    code = "journal"

@@ -1,0 +1,22 @@
+"""Every bound zq enforces, in one place, with the relations between them asserted.
+
+TigerStyle: put a limit on everything. These are defaults; the config may lower or
+raise the ones marked as configurable, within the hard maxima here.
+"""
+
+MESSAGE_BYTES_MAX = 16 * 1024 * 1024  # configurable: server.max_message_size
+HEADERS_MAX = 64  # header pairs per message
+HEADER_BYTES_MAX = 4096  # one header key or value
+TOPIC_BYTES_MAX = 512
+BACKLOG_MAX = 65_536  # per subscription
+GROUPS_PER_QUEUE_MAX = 10_000_000  # configurable per queue: max_groups
+SUBSCRIPTIONS_MAX = 100_000
+DELIVERIES_MAX = 0xFFFF  # delivery and cancel counters are packed into 16 bits
+PUBLISH_BATCH_MAX = 4096  # messages in one publish frame
+ACK_BATCH_MAX = 65_536  # bookmarks in one ack frame
+DELIVER_BATCH_MAX = 256  # messages in one deliver frame
+RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journaled
+EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
+
+assert BACKLOG_MAX <= ACK_BATCH_MAX
+assert DELIVERIES_MAX < 1 << 16

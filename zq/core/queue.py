@@ -1,0 +1,707 @@
+"""One queue: its waiting messages, its subscriptions, its leases, and dispatch.
+
+Theory of operation
+-------------------
+A queue holds *sequence numbers*, never payloads (those live in the journal). A
+waiting message sits in exactly one of three ordered places:
+
+* ``fifo`` -- an ``array('Q')`` of sequence numbers in publish order with a parallel
+  ``array('I')`` of interned group ids (0 = ungrouped), consumed from ``head``.
+  New messages always append here; 12 bytes per queued message.
+* ``returned`` -- a heap of ungrouped sequence numbers that came back (cancel,
+  lease expiry, a consumer's death). Returned messages keep their original place:
+  dispatch always takes the smallest sequence number across the three places.
+* a group's ``pending`` array -- messages of a group that could not go yet (a
+  sequenced group with one in flight, an exclusive group whose owner is full), in
+  order. A group that has pending messages and could go now has an entry in the
+  ``ready`` heap keyed by its oldest pending sequence number.
+
+Dispatch repeatedly looks at the oldest candidate of the three places. A grouped
+message whose group cannot go is *parked* in its group's pending array, so a busy
+group never blocks the messages behind it (Qpid: groups never block each other).
+
+A delivery is a *lease*. Leases are kept per delivered batch (one ``Lease`` per
+subscription per engine step), not per message; ``lease_of`` maps a leased sequence
+number to its lease. Lease deadlines of one queue grow monotonically (constant
+lease period, monotonic time), so expiry walks a deque from the front; extended
+leases, whose deadlines are arbitrary, go to a small heap.
+
+Per-message counters (deliveries, cancels, group) exist only for messages that have
+been delivered at least once, packed into one int in ``meta``.
+
+Expiration never stores a timestamp per message: sequence numbers grow with time,
+so the engine keeps a time index (ms -> first sequence number published at or after
+it) and a message is too old exactly when its sequence number is at or below the
+queue's *expired watermark*.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from array import array
+from bisect import bisect_left, insort
+from collections import deque
+from typing import TYPE_CHECKING
+
+from zq.core import limits
+from zq.core import records as R
+from zq.core.errors import LimitError
+from zq.core.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63
+_C_ONE = 1 << 16
+_G_SHIFT = 32
+_COMPACT_MIN = 4096  # compact the fifo array once this many consumed slots lead it
+
+
+class Subscription:
+    """One subscriber's window on one queue: credit (``backlog``) and what it holds."""
+
+    __slots__ = (
+        "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
+        "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked",
+    )
+
+    def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int) -> None:
+        self.sub_id = sub_id
+        self.queue = queue
+        self.consumer = consumer
+        self.backlog = backlog
+        self.used = 0
+        self.leases: list[Lease] = []
+        self.current: Lease | None = None  # the lease of this engine step's deliveries
+        self.out_seqs: list[int] = []
+        self.out_deliveries: list[int] = []
+        self.waiting_groups: set[int] = set()  # exclusive groups parked for our credit
+        self.owned_groups: set[int] = set()
+        self.acked = 0
+
+
+class Lease:
+    __slots__ = ("sub", "deadline_ms", "seqs", "live")
+
+    def __init__(self, sub: Subscription, deadline_ms: int) -> None:
+        self.sub = sub
+        self.deadline_ms = deadline_ms
+        self.seqs: list[int] = []
+        self.live = 0  # how many of ``seqs`` this lease still holds
+
+
+class Group:
+    __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count")
+
+    def __init__(self, gid: int, name: str) -> None:
+        self.gid = gid
+        self.name = name
+        self.pending = array("Q")
+        self.phead = 0
+        self.inflight = 0
+        self.owner: Subscription | None = None
+        self.count = 0  # messages of this group still in the queue (waiting or leased)
+
+    def has_pending(self) -> bool:
+        return self.phead < len(self.pending)
+
+
+class Queue:
+    """State and dispatch of one queue; the engine routes inputs to it."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        s = settings
+        self.settings = s
+        self.name = s.name
+        self.topic_re = re.compile(s.topics) if s.topics is not None else None
+        self.at_most_once = s.semantics == "at-most-once"
+        self.fairness = s.effective_fairness()
+        self.exclusive = s.group_policy == "exclusive"
+        self.grouped = bool(s.group_header)
+        self.fifo = array("Q")
+        self.fifo_gid = array("I")
+        self.head = 0
+        self.returned: list[int] = []
+        self.groups: dict[int, Group] = {}
+        self.gid_of: dict[str, int] = {}
+        self.next_gid = 1
+        self.ready: list[tuple[int, int]] = []
+        self.meta: dict[int, int] = {}
+        self.lease_of: dict[int, Lease] = {}
+        self.lease_fifo: deque[Lease] = deque()
+        self.lease_heap: list[tuple[int, int, Lease]] = []
+        self.lease_tiebreak = 0
+        self.removed: set[int] = set()  # available messages taken out of place (ack-unleased)
+        self.subs: list[Subscription] = []
+        self.rr_next = 0
+        self.depth = 0  # available messages
+        self.expired_watermark = -1  # seq <= this is older than expiration_ms
+        self.recovery_point = s.start_seq
+        self.group_sweep_due_ms = 0
+        # What this step produced, collected by the engine.
+        self.expired_out: list[tuple[int, str, int, str | None]] = []  # seq, reason, deliveries, group
+        self.events_out: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+        self.dirty = False
+        # Counters for stats.
+        self.published = self.delivered = self.acked = self.cancelled = 0
+        self.expired = self.dead_lettered = self.redelivered = self.returned_count = 0
+
+    # ----------------------------------------------------------------- routing
+
+    def covers(self, topic: str) -> bool:
+        if self.topic_re is None:
+            return topic == self.name
+        return self.topic_re.fullmatch(topic) is not None
+
+    def group_id(self, name: str) -> int:
+        """Intern a group name, creating the group; LimitError at the ceiling."""
+        gid = self.gid_of.get(name)
+        if gid is not None:
+            return gid
+        if len(self.groups) >= self.settings.max_groups:
+            raise LimitError(f"queue {self.name!r} reached max_groups={self.settings.max_groups}")
+        gid = self.next_gid
+        self.next_gid += 1
+        assert gid < 1 << 32, "group id space exhausted"
+        self.gid_of[name] = gid
+        self.groups[gid] = Group(gid, name)
+        return gid
+
+    def can_take_group(self, name: str) -> bool:
+        return name in self.gid_of or len(self.groups) < self.settings.max_groups
+
+    def enqueue(self, seq: int, gid: int) -> None:
+        self.fifo.append(seq)
+        if self.grouped:
+            self.fifo_gid.append(gid)
+            if gid:
+                self.groups[gid].count += 1
+        self.depth += 1
+        self.published += 1
+        self.dirty = True
+
+    # --------------------------------------------------------------- dispatch
+
+    def dispatch(self, now_ms: int) -> None:
+        """Hand waiting messages to subscriptions with credit, oldest first."""
+        self.dirty = False
+        if not self.subs or self.depth == 0:
+            return
+        fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
+        returned, ready, removed = self.returned, self.ready, self.removed
+        watermark = self.expired_watermark
+        n = len(fifo)
+        while True:
+            # The oldest candidate of the three places (2**64 stands for "none").
+            f = fifo[self.head] if self.head < n else 1 << 64
+            r = returned[0] if returned else 1 << 64
+            g = ready[0][0] if ready else 1 << 64
+            if f < r and f < g:
+                seq = f
+                gid = fifo_gid[self.head] if self.grouped else 0
+                if removed and seq in removed:
+                    self.head += 1
+                    self.drop_removed(seq, gid)
+                    continue
+                if seq <= watermark:
+                    self.head += 1
+                    self.depth -= 1
+                    self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+                    continue
+                grp = groups[gid] if gid else None
+                if grp is not None and (grp.has_pending() or not self.group_can_go(grp)):
+                    self.head += 1
+                    self.park(grp, seq)
+                    continue
+                sub = self.choose(grp)
+                if sub is None:
+                    break
+                self.head += 1
+            elif r < g:
+                seq = r
+                if removed and seq in removed:
+                    heapq.heappop(returned)
+                    self.drop_removed(seq, 0)
+                    continue
+                if seq <= watermark:
+                    heapq.heappop(returned)
+                    self.depth -= 1
+                    self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+                    continue
+                sub = self.choose(None)
+                if sub is None:
+                    break
+                heapq.heappop(returned)
+                grp = None
+            elif g != 1 << 64:
+                seq, gid = ready[0]
+                grp = groups.get(gid)
+                if grp is None or not grp.has_pending() or grp.pending[grp.phead] != seq:
+                    heapq.heappop(ready)  # stale entry
+                    continue
+                if removed and seq in removed:
+                    heapq.heappop(ready)
+                    grp.phead += 1
+                    self.after_group_pop(grp)
+                    self.drop_removed(seq, gid)
+                    continue
+                if seq <= watermark:
+                    heapq.heappop(ready)
+                    grp.phead += 1
+                    self.after_group_pop(grp)
+                    self.depth -= 1
+                    self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+                    continue
+                if not self.group_can_go(grp):
+                    heapq.heappop(ready)
+                    if grp.owner is not None:
+                        grp.owner.waiting_groups.add(gid)
+                    continue
+                sub = self.choose(grp)
+                if sub is None:
+                    break
+                heapq.heappop(ready)
+                grp.phead += 1
+                self.after_group_pop(grp)
+            else:
+                break
+            self.lease(sub, seq, grp, now_ms)
+            if self.depth == 0:
+                break
+        self.compact()
+
+    def group_can_go(self, grp: Group) -> bool:
+        if self.exclusive:
+            owner = grp.owner
+            return owner is None or owner.used < owner.backlog
+        return grp.inflight == 0
+
+    def park(self, grp: Group, seq: int) -> None:
+        """Put a fifo message into its group's pending list (it is older than none there)."""
+        was_empty = not grp.has_pending()
+        grp.pending.append(seq)
+        if was_empty:
+            self.group_became_pending(grp)
+
+    def group_became_pending(self, grp: Group) -> None:
+        if self.group_can_go(grp):
+            heapq.heappush(self.ready, (grp.pending[grp.phead], grp.gid))
+        elif self.exclusive and grp.owner is not None:
+            grp.owner.waiting_groups.add(grp.gid)
+
+    def after_group_pop(self, grp: Group) -> None:
+        if grp.phead >= len(grp.pending):
+            grp.pending = array("Q")
+            grp.phead = 0
+        elif grp.phead > 64 and grp.phead * 2 > len(grp.pending):
+            del grp.pending[: grp.phead]
+            grp.phead = 0
+
+    def choose(self, grp: Group | None) -> Subscription | None:
+        """Pick the subscription for the next message by the queue's fairness."""
+        if grp is not None and self.exclusive and grp.owner is not None:
+            return grp.owner  # group_can_go() checked its credit
+        subs = self.subs
+        if self.fairness == "proportional":
+            best = None
+            best_free = 0.0
+            for s in subs:
+                free = s.backlog - s.used
+                if free > 0:
+                    frac = free / s.backlog
+                    if frac > best_free:
+                        best, best_free = s, frac
+            return best
+        if self.fairness == "fast":
+            for s in subs:
+                if s.used < s.backlog:
+                    return s
+            return None
+        count = len(subs)
+        start = self.rr_next % count if count else 0
+        for i in range(count):
+            s = subs[(start + i) % count]
+            if s.used < s.backlog:
+                self.rr_next = (start + i + 1) % count
+                return s
+        return None
+
+    def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
+        lease = sub.current
+        if lease is None:
+            lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms)
+            self.lease_fifo.append(lease)
+            if len(sub.leases) > 64:
+                sub.leases = [x for x in sub.leases if x.live]
+            sub.leases.append(lease)
+        lease.seqs.append(seq)
+        lease.live += 1
+        self.lease_of[seq] = lease
+        m = self.meta.get(seq)
+        if m is None:
+            m = (grp.gid << _G_SHIFT) if grp is not None else 0
+        else:
+            self.redelivered += 1
+        m += 1
+        self.meta[seq] = m
+        sub.used += 1
+        sub.out_seqs.append(seq)
+        sub.out_deliveries.append(m & _D_MASK)
+        self.depth -= 1
+        self.delivered += 1
+        if grp is not None:
+            grp.inflight += 1
+            if self.exclusive and grp.owner is None:
+                grp.owner = sub
+                sub.owned_groups.add(grp.gid)
+
+    def take_outbox(self, sub: Subscription) -> tuple[list[int], list[int]]:
+        seqs, deliveries = sub.out_seqs, sub.out_deliveries
+        sub.out_seqs, sub.out_deliveries = [], []
+        sub.current = None
+        return seqs, deliveries
+
+    def compact(self) -> None:
+        if self.head >= _COMPACT_MIN and self.head * 2 >= len(self.fifo):
+            del self.fifo[: self.head]
+            if self.grouped:
+                del self.fifo_gid[: self.head]
+            self.head = 0
+
+    # ----------------------------------------------------- ending a delivery
+
+    def release(self, seq: int) -> tuple[Lease, int]:
+        """Take ``seq`` out of its lease; free its subscription's credit and group slot."""
+        lease = self.lease_of.pop(seq)
+        lease.live -= 1
+        sub = lease.sub
+        sub.used -= 1
+        if sub.waiting_groups:
+            for gid in sub.waiting_groups:
+                grp = self.groups.get(gid)
+                if grp is not None and grp.has_pending():
+                    heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+            sub.waiting_groups.clear()
+        m = self.meta[seq]
+        gid = m >> _G_SHIFT
+        if gid:
+            grp = self.groups[gid]
+            grp.inflight -= 1
+            if not self.exclusive and grp.inflight == 0 and grp.has_pending():
+                heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+        self.dirty = True
+        return lease, m
+
+    def finish(self, seq: int, gid: int) -> None:
+        """The message leaves the queue for good."""
+        self.meta.pop(seq, None)
+        if gid:
+            grp = self.groups[gid]
+            grp.count -= 1
+            self.maybe_forget_group(grp)
+
+    def maybe_forget_group(self, grp: Group) -> None:
+        if grp.count == 0 and grp.owner is None and grp.inflight == 0 and not grp.has_pending():
+            del self.groups[grp.gid]
+            del self.gid_of[grp.name]
+
+    def ack(self, sub: Subscription, seq: int) -> str | None:
+        """Returns None when acknowledged, else the reason it was refused."""
+        lease = self.lease_of.get(seq)
+        if lease is None or lease.sub is not sub:
+            if lease is None and self.settings.allow_ack_unleased and self.remove_available(seq):
+                self.acked += 1
+                self.note_event(R.ACKED, sub.consumer, seq, 0)
+                return None
+            return "not-leased"
+        _, m = self.release(seq)
+        self.finish(seq, m >> _G_SHIFT)
+        self.acked += 1
+        sub.acked += 1
+        self.note_event(R.ACKED, sub.consumer, seq, m & _D_MASK)
+        return None
+
+    def cancel(self, sub: Subscription, seq: int) -> str | None:
+        lease = self.lease_of.get(seq)
+        if lease is None or lease.sub is not sub:
+            return "not-leased"
+        _, m = self.release(seq)
+        self.cancelled += 1
+        if self.at_most_once:
+            self.finish(seq, m >> _G_SHIFT)
+            self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK)
+            return None
+        m += _C_ONE
+        self.meta[seq] = m
+        self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK)
+        max_cancels = self.settings.max_cancels
+        if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
+            self.expire_leased(seq, m, R.REASON_MAX_CANCELS)
+        else:
+            self.come_back(seq, m)
+        return None
+
+    def expire_request(self, sub: Subscription, seq: int) -> str | None:
+        lease = self.lease_of.get(seq)
+        if lease is None or lease.sub is not sub:
+            return "not-leased"
+        _, m = self.release(seq)
+        if self.at_most_once:
+            self.finish(seq, m >> _G_SHIFT)
+            return None
+        self.expire_leased(seq, m, R.REASON_REQUESTED)
+        return None
+
+    def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
+        """Move ``seqs`` to a lease ending at ``deadline_ms``; returns those refused."""
+        refused = []
+        lease = Lease(sub, deadline_ms)
+        for seq in seqs:
+            old = self.lease_of.get(seq)
+            if old is None or old.sub is not sub:
+                refused.append(seq)
+                continue
+            old.live -= 1
+            lease.seqs.append(seq)
+            lease.live += 1
+            self.lease_of[seq] = lease
+        if lease.live:
+            sub.leases.append(lease)
+            self.lease_tiebreak += 1
+            heapq.heappush(self.lease_heap, (deadline_ms, self.lease_tiebreak, lease))
+        return refused
+
+    def end_lease_of(self, seq: int, kind: str) -> None:
+        """A lease ends without an answer (expiry, unsubscribe, consumer gone)."""
+        lease, m = self.release(seq)
+        self.note_event(kind, lease.sub.consumer, seq, m & _D_MASK)
+        if self.at_most_once:
+            self.finish(seq, m >> _G_SHIFT)
+            return
+        self.returned_count += 1
+        self.come_back(seq, m)
+
+    def come_back(self, seq: int, m: int) -> None:
+        """A delivery ended unfinished: expire if out of deliveries, else wait again."""
+        max_deliveries = self.settings.max_deliveries
+        if max_deliveries and m & _D_MASK >= max_deliveries:
+            self.expire_leased(seq, m, R.REASON_MAX_DELIVERIES)
+        else:
+            self.put_back(seq, m)
+
+    def put_back(self, seq: int, m: int) -> None:
+        """Return a message to its original place among the waiting ones."""
+        if seq <= self.expired_watermark:
+            self.expire_leased(seq, m, R.REASON_EXPIRED)
+            return
+        self.depth += 1
+        self.dirty = True
+        gid = m >> _G_SHIFT
+        if not gid:
+            heapq.heappush(self.returned, seq)
+            return
+        grp = self.groups[gid]
+        old_head = grp.pending[grp.phead] if grp.has_pending() else None
+        insort(grp.pending, seq, lo=grp.phead)
+        if old_head is None or seq < old_head:
+            self.group_became_pending(grp)
+
+    def expire_leased(self, seq: int, m: int, reason: str) -> None:
+        gid = m >> _G_SHIFT
+        name = self.groups[gid].name if gid else None
+        self.finish(seq, gid)
+        self.expired_out.append((seq, reason, m & _D_MASK, name))
+        self.expired += 1
+
+    def expire_waiting(self, seq: int, gid: int, reason: str) -> None:
+        """Expire a message already taken out of its waiting place."""
+        m = self.meta.get(seq, 0)
+        name = self.groups[gid].name if gid else None
+        self.finish(seq, gid)
+        self.expired_out.append((seq, reason, m & _D_MASK, name))
+        self.expired += 1
+
+    def remove_available(self, seq: int) -> bool:
+        """Mark a waiting message removed (it is skipped when reached)."""
+        if seq in self.removed or seq in self.lease_of:
+            return False
+        if not self.is_waiting(seq):
+            return False
+        self.removed.add(seq)
+        self.depth -= 1
+        return True
+
+    def is_waiting(self, seq: int) -> bool:
+        i = bisect_left(self.fifo, seq, lo=self.head)
+        if i < len(self.fifo) and self.fifo[i] == seq:
+            return True
+        if seq in self.returned:
+            return True
+        return any(seq in g.pending[g.phead:] for g in self.groups.values() if g.has_pending())
+
+    def drop_removed(self, seq: int, gid: int) -> None:
+        self.removed.discard(seq)
+        self.finish(seq, gid)
+
+    def note_event(self, kind: str, consumer: str, seq: int, deliveries: int, reason: str = "") -> None:
+        key = (kind, consumer, reason)
+        batch = self.events_out.get(key)
+        if batch is None:
+            batch = self.events_out[key] = []
+        batch.append((seq, deliveries))
+
+    # -------------------------------------------------------------------- time
+
+    def advance(self, now_ms: int, watermark: int) -> None:
+        """Expire leases that ended and messages that grew too old."""
+        self.expired_watermark = watermark
+        lease_fifo = self.lease_fifo
+        while lease_fifo and (lease_fifo[0].live == 0 or lease_fifo[0].deadline_ms <= now_ms):
+            self.expire_lease(lease_fifo.popleft())
+        heap = self.lease_heap
+        while heap and (heap[0][2].live == 0 or heap[0][0] <= now_ms):
+            self.expire_lease(heapq.heappop(heap)[2])
+        if watermark >= 0 and self.depth:
+            self.expire_old_waiting(watermark, now_ms)
+
+    def expire_lease(self, lease: Lease) -> None:
+        if lease.live == 0:
+            return
+        for seq in lease.seqs:
+            if self.lease_of.get(seq) is lease:
+                self.end_lease_of(seq, R.LEASE_EXPIRED)
+
+    def expire_old_waiting(self, watermark: int, now_ms: int) -> None:
+        """Expire too-old messages wherever they wait; no subscriber needed.
+
+        The fifo and the returned heap are checked every time (their oldest is at the
+        front); group pending lists are swept at most once per sweep interval.
+        """
+        fifo = self.fifo
+        while self.head < len(fifo) and fifo[self.head] <= watermark:
+            seq = fifo[self.head]
+            gid = self.fifo_gid[self.head] if self.grouped else 0
+            self.head += 1
+            if seq in self.removed:
+                self.drop_removed(seq, gid)
+                continue
+            self.depth -= 1
+            self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+        while self.returned and self.returned[0] <= watermark:
+            seq = heapq.heappop(self.returned)
+            if seq in self.removed:
+                self.drop_removed(seq, 0)
+                continue
+            self.depth -= 1
+            self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+        if now_ms < self.group_sweep_due_ms:
+            self.compact()
+            self.dirty = True
+            return
+        self.group_sweep_due_ms = now_ms + limits.EXPIRY_SWEEP_INTERVAL_MS
+        for grp in list(self.groups.values()):
+            while grp.has_pending() and grp.pending[grp.phead] <= watermark:
+                seq = grp.pending[grp.phead]
+                grp.phead += 1
+                if seq in self.removed:
+                    self.drop_removed(seq, grp.gid)
+                    continue
+                self.depth -= 1
+                self.expire_waiting(seq, grp.gid, R.REASON_EXPIRED)
+            if grp.gid in self.groups:
+                self.after_group_pop(grp)
+                self.maybe_forget_group(grp)
+        self.compact()
+        self.dirty = True
+
+    def next_deadline_ms(self) -> int | None:
+        best = None
+        for lease in self.lease_fifo:
+            if lease.live:
+                best = lease.deadline_ms
+                break
+        if self.lease_heap:
+            d = self.lease_heap[0][0]
+            best = d if best is None else min(best, d)
+        return best
+
+    # ------------------------------------------------------- subscriptions
+
+    def add_subscription(self, sub: Subscription) -> None:
+        self.subs.append(sub)
+        self.dirty = True
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        """Break every lease the subscription holds; its messages return in order."""
+        self.subs.remove(sub)
+        for lease in sub.leases:
+            if lease.live:
+                for seq in lease.seqs:
+                    if self.lease_of.get(seq) is lease:
+                        self.end_lease_of(seq, R.RETURNED)
+        sub.leases = []
+        for gid in sub.owned_groups:
+            grp = self.groups.get(gid)
+            if grp is None:
+                continue
+            grp.owner = None
+            if grp.has_pending():
+                heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+            self.maybe_forget_group(grp)
+        sub.owned_groups.clear()
+        sub.waiting_groups.clear()
+        self.dirty = True
+
+    # --------------------------------------------------------------- views
+
+    def waiting(self) -> Iterator[int]:
+        """Waiting sequence numbers in delivery order (read-only view, for peek)."""
+        sources = [iter(self.fifo[self.head:]), iter(sorted(self.returned))]
+        sources += [iter(g.pending[g.phead:]) for g in self.groups.values() if g.has_pending()]
+        removed = self.removed
+        for seq in heapq.merge(*sources):
+            if seq not in removed:
+                yield seq
+
+    def oldest_waiting_ungrouped(self) -> int | None:
+        """Oldest waiting message outside group pending lists (for expiry timers)."""
+        best = self.fifo[self.head] if self.head < len(self.fifo) else None
+        if self.returned and (best is None or self.returned[0] < best):
+            best = self.returned[0]
+        return best
+
+    def any_group_pending(self) -> bool:
+        return any(g.has_pending() for g in self.groups.values())
+
+    def compute_recovery_point(self, next_seq: int) -> int:
+        """The smallest sequence number still in the queue (waiting or leased)."""
+        rp = next_seq
+        if self.head < len(self.fifo):
+            rp = min(rp, self.fifo[self.head])
+        if self.returned:
+            rp = min(rp, self.returned[0])
+        for g in self.groups.values():
+            if g.has_pending():
+                rp = min(rp, g.pending[g.phead])
+        if self.lease_of:
+            rp = min(rp, min(self.lease_of))
+        if self.removed:
+            rp = min(rp, min(self.removed))
+        return rp
+
+    def deliveries_of(self, seq: int) -> int:
+        return self.meta.get(seq, 0) & _D_MASK
+
+    def cancels_of(self, seq: int) -> int:
+        return (self.meta.get(seq, 0) >> 16) & _D_MASK
+
+    def group_name_of(self, seq: int) -> str | None:
+        gid = self.meta.get(seq, 0) >> _G_SHIFT
+        grp = self.groups.get(gid) if gid else None
+        return grp.name if grp is not None else None
+
+    def restore_counts(self, seq: int, gid: int, deliveries: int, cancels: int) -> None:
+        """Recovery: re-create the counters of a message delivered before the crash."""
+        if deliveries or cancels:
+            self.meta[seq] = (gid << _G_SHIFT) | (cancels << 16) | min(deliveries, limits.DELIVERIES_MAX)

@@ -1,0 +1,81 @@
+"""Journal records: what the engine asks to be made durable, and what recovery reads.
+
+One global sequence numbers every message and every event, so that everything
+recorded about message ``m`` sits at a sequence above ``m``. Recovery of a queue
+therefore only reads records at or above the queue's recovery point.
+
+Events are batched: one record names every bookmark of one kind, for one queue and
+one consumer, produced by one engine step. Analytics explode them into rows.
+
+Schema evolution follows msgspec's rules: append fields with defaults, never reorder.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+JOURNAL_FORMAT_VERSION = 1
+
+# Event kinds. ``leased`` is a delivery (for at-most-once queues it also removes
+# the message); ``returned`` is a lease broken by disconnect or unsubscribe.
+LEASED = "leased"
+ACKED = "acked"
+CANCELLED = "cancelled"
+LEASE_EXPIRED = "lease-expired"
+RETURNED = "returned"
+EXPIRED = "expired"  # removed; ``reason`` says why, dead-lettered if the queue says so
+EVENT_KINDS = (LEASED, ACKED, CANCELLED, LEASE_EXPIRED, RETURNED, EXPIRED)
+
+# Expiry reasons (also the ``zq.reason`` header of a dead letter).
+REASON_MAX_CANCELS = "max-cancels"
+REASON_MAX_DELIVERIES = "max-deliveries"
+REASON_EXPIRED = "expired"
+REASON_REQUESTED = "expire-requested"
+
+
+class Message(msgspec.Struct, array_like=True, gc=False, tag="m"):
+    """A published message. ``copy_of`` names the message whose payload and headers
+    the journal copies in when it writes this record (dead letters): the engine
+    never holds payloads."""
+
+    seq: int
+    ts_ms: int
+    topic: str
+    headers: dict[str, str]
+    payload: bytes
+    msg_id: str | None = None
+    copy_of: int | None = None
+
+
+class Event(msgspec.Struct, array_like=True, gc=False, tag="e"):
+    seq: int
+    ts_ms: int
+    kind: str
+    queue: str
+    consumer: str
+    bookmarks: list[int]
+    deliveries: list[int]
+    reason: str = ""
+
+
+class QueueDeclared(msgspec.Struct, array_like=True, gc=False, tag="q"):
+    """A queue created at run time (auto-created); config queues live in the config."""
+
+    settings_json: bytes  # msgspec JSON of QueueSettings, so new fields stay readable
+    ts_ms: int
+
+
+class RecoveryPoint(msgspec.Struct, array_like=True, gc=False, tag="r"):
+    """Everything of ``queue`` below ``seq`` is finished (acked, expired or not its topic)."""
+
+    queue: str
+    seq: int
+    ts_ms: int
+
+
+Record = Message | Event | QueueDeclared | RecoveryPoint
+
+record_encoder = msgspec.msgpack.Encoder()
+record_decoder = msgspec.msgpack.Decoder(Record)
+message_decoder = msgspec.msgpack.Decoder(Message)
+event_decoder = msgspec.msgpack.Decoder(Event)

@@ -1,0 +1,76 @@
+"""Per-queue settings as the engine sees them: plain integers, units in the names.
+
+The TOML config (``zq.config``) parses strings such as ``"30s"`` into these; the
+engine never sees a string duration.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from zq.core import limits
+from zq.core.errors import ConfigError
+
+SEMANTICS = ("at-least-once", "at-most-once")
+FAIRNESS = ("fast", "round-robin", "proportional")
+GROUP_POLICIES = ("sequenced", "exclusive")
+
+
+class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    topics: str | None = None  # regex over topic names; None means exactly ``name``
+    publish_to: str | None = None  # publishing to the queue's name goes to this topic
+    semantics: str = "at-least-once"
+    fairness: str | None = None  # None: proportional (at-least-once), round-robin (at-most-once)
+    lease_ms: int = 30_000
+    max_per_subscription_backlog: int = 100
+    max_cancels: int = 0  # 0 = unlimited
+    max_deliveries: int = 20  # 0 = unlimited
+    expiration_ms: int = 0  # 0 = never
+    dead_letter: str | None = None
+    group_header: str | None = "group"  # header holding the group id; None: never grouped
+    group_policy: str = "sequenced"
+    max_groups: int = limits.GROUPS_PER_QUEUE_MAX
+    allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
+    start_seq: int = 0  # journal position the queue starts from when first declared
+
+    def effective_fairness(self) -> str:
+        if self.fairness is not None:
+            return self.fairness
+        return "proportional" if self.semantics == "at-least-once" else "round-robin"
+
+    def validate(self) -> "QueueSettings":
+        """Raise ConfigError naming the offending key; return self for chaining."""
+        where = f"queue {self.name!r}"
+        if not self.name:
+            raise ConfigError("queue name must not be empty")
+        if self.semantics not in SEMANTICS:
+            raise ConfigError(f"{where}: semantics must be one of {SEMANTICS}, got {self.semantics!r}")
+        fairness = self.effective_fairness()
+        if fairness not in FAIRNESS:
+            raise ConfigError(f"{where}: fairness must be one of {FAIRNESS}, got {fairness!r}")
+        if self.semantics == "at-most-once" and fairness != "round-robin":
+            raise ConfigError(f"{where}: at-most-once queues support fairness 'round-robin' only, got {fairness!r}")
+        if self.group_policy not in GROUP_POLICIES:
+            raise ConfigError(f"{where}: group_policy must be one of {GROUP_POLICIES}, got {self.group_policy!r}")
+        if self.lease_ms <= 0:
+            raise ConfigError(f"{where}: lease must be positive")
+        if not 1 <= self.max_per_subscription_backlog <= limits.BACKLOG_MAX:
+            raise ConfigError(f"{where}: max_per_subscription_backlog must be 1..{limits.BACKLOG_MAX}")
+        for key in ("max_cancels", "max_deliveries"):
+            if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
+                raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
+        if self.expiration_ms < 0:
+            raise ConfigError(f"{where}: expiration must not be negative")
+        if not 1 <= self.max_groups <= 1 << 31:
+            raise ConfigError(f"{where}: max_groups must be 1..2**31")
+        return self
+
+
+def auto_queue(name: str, start_seq: int, dead_letter: bool = True) -> QueueSettings:
+    """The queue created for a name no queue covers (DESIGN: auto-created queues)."""
+    return QueueSettings(
+        name=name,
+        dead_letter=f"{name}.dead" if dead_letter else None,
+        start_seq=start_seq,
+    )

@@ -1,0 +1,61 @@
+"""What every journal offers, and the one recovery routine both journals share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from zq.core import records as R
+from zq.core.engine import Engine
+from zq.core.settings import QueueSettings
+
+
+class RecoveryInput(Protocol):
+    def declared(self) -> list[R.QueueDeclared]: ...
+    def recovery_points(self) -> dict[str, int]: ...
+    def next_seq(self) -> int: ...
+    def read_messages(self, from_seq: int) -> Iterator[R.Message]: ...
+    def read_events(self, from_seq: int) -> Iterator[R.Event]: ...
+
+
+class Journal(RecoveryInput, Protocol):
+    def append(self, records: Iterable[object]) -> None: ...
+    def commit(self, now_ms: int) -> None: ...
+    def get_messages(self, seqs: list[int]) -> list[R.Message]: ...
+    def close(self) -> None: ...
+
+
+def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, auto_queues: bool = True) -> Engine:
+    """Rebuild an engine from a journal: read from the lowest recovery point up."""
+    queues = list(queues)
+    declared = journal.declared()
+    rps = journal.recovery_points()
+    names = {q.name for q in queues}
+    for d in declared:
+        names.add(_declared_name(d))
+    starts = [rps.get(name, 0) for name in names]
+    # A queue with no recovery point yet has to be read from the start.
+    start = min(starts, default=journal.next_seq())
+    return Engine.recover(
+        queues,
+        declared,
+        rps,
+        journal.next_seq(),
+        journal.read_events(start),
+        journal.read_messages(start),
+        auto_queues=auto_queues,
+    )
+
+
+def _declared_name(d: R.QueueDeclared) -> str:
+    import msgspec
+
+    return msgspec.json.decode(d.settings_json, type=QueueSettings).name
+
+
+def resolve_copy(rec: R.Message, original: R.Message | None) -> R.Message:
+    """A dead letter carries its original's payload and headers plus zq.* headers."""
+    if original is None:
+        return R.Message(rec.seq, rec.ts_ms, rec.topic, {**rec.headers, "zq.missing": "original-trimmed"}, b"")
+    headers = {**original.headers, **rec.headers, "zq.topic": original.topic}
+    return R.Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)

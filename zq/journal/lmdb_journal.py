@@ -1,0 +1,284 @@
+"""The LMDB journal: one writer, big-endian u64 keys, one transaction per group commit.
+
+Layout (one environment, four named databases):
+
+* ``msgs``   -- seq -> msgpack ``Message``; appended with ``putmulti(append=True)``
+* ``events`` -- seq -> msgpack ``Event`` (same global sequence as messages)
+* ``queues`` -- queue name -> msgpack ``QueueDeclared`` (queues created at run time)
+* ``meta``   -- ``format`` (journal format version), ``rp:<queue>`` recovery points
+
+Durability (DESIGN "Decisions"): ``fsync`` syncs every commit before it returns;
+``batch`` commits without syncing and syncs at least every ``fsync_interval_ms``;
+``none`` never syncs. The environment is opened with ``sync=False`` and we call
+``env.sync(True)`` ourselves, so one commit costs at most one fdatasync.
+
+``writemap=False`` (ANCHORS rule 8): a full disk becomes an error, never a SIGBUS.
+The map is sparse and large; if it still fills, the writer doubles it and retries.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Iterator
+
+import lmdb
+
+from zq.core import records as R
+from zq.core.errors import JournalError
+from zq.journal.base import resolve_copy
+
+_KEY = struct.Struct(">Q")
+DURABILITY_MODES = ("fsync", "batch", "none")
+MAP_SIZE_DEFAULT = 1 << 40  # 1 TiB: sparse, costs nothing without writemap
+TRIM_BATCH_MAX = 100_000  # records deleted per commit at most (bounded work per loop)
+
+
+def key(seq: int) -> bytes:
+    return _KEY.pack(seq)
+
+
+def unkey(k: bytes) -> int:
+    return _KEY.unpack(k)[0]
+
+
+class LmdbJournal:
+    def __init__(
+        self,
+        path: str,
+        *,
+        durability: str = "batch",
+        fsync_interval_ms: int = 1000,
+        map_size: int = MAP_SIZE_DEFAULT,
+        readonly: bool = False,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise JournalError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
+        self.path = path
+        self.durability = durability
+        self.fsync_interval_ms = fsync_interval_ms
+        self.readonly = readonly
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
+        try:
+            self.env = lmdb.open(
+                path,
+                map_size=map_size,
+                max_dbs=4,
+                sync=False,
+                metasync=False,
+                writemap=False,
+                readonly=readonly,
+                lock=True,
+                max_readers=256,
+            )
+        except lmdb.Error as exc:
+            raise JournalError(f"cannot open journal at {path}: {exc}") from exc
+        self.msgs = self.env.open_db(b"msgs", create=not readonly)
+        self.events = self.env.open_db(b"events", create=not readonly)
+        self.queues = self.env.open_db(b"queues", create=not readonly)
+        self.meta = self.env.open_db(b"meta", create=not readonly)
+        self.staged: list[object] = []
+        self.last_sync_ms = 0
+        self.unsynced = False
+        self.check_format()
+
+    # --------------------------------------------------------------- format
+
+    def check_format(self) -> None:
+        with self.env.begin(db=self.meta, write=not self.readonly) as txn:
+            raw = txn.get(b"format")
+            if raw is None:
+                if not self.readonly:
+                    txn.put(b"format", str(R.JOURNAL_FORMAT_VERSION).encode())
+                return
+            version = int(raw)
+            if version > R.JOURNAL_FORMAT_VERSION:
+                raise JournalError(
+                    f"journal at {self.path} has format {version}, newer than this zq knows "
+                    f"({R.JOURNAL_FORMAT_VERSION}); upgrade zq to read it"
+                )
+
+    # ---------------------------------------------------------------- write
+
+    def append(self, records: Iterable[object]) -> None:
+        self.staged.extend(records)
+
+    def commit(self, now_ms: int = 0) -> None:
+        """Write everything staged in one transaction; sync as the durability says."""
+        staged, self.staged = self.staged, []
+        if staged:
+            self.write(staged)
+            self.unsynced = True
+        if not self.unsynced or self.durability == "none":
+            return
+        if self.durability == "fsync" or now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+            self.sync(now_ms)
+
+    def sync(self, now_ms: int = 0) -> None:
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise JournalError(f"journal sync failed: {exc}") from exc
+        self.last_sync_ms = now_ms
+        self.unsynced = False
+
+    def write(self, staged: list[object]) -> None:
+        for _ in range(8):
+            try:
+                self.write_once(staged)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise JournalError(f"journal write failed: {exc}") from exc
+        raise JournalError("journal map cannot grow any further")
+
+    def write_once(self, staged: list[object]) -> None:
+        enc = R.record_encoder.encode
+        msgs: list[tuple[bytes, bytes]] = []
+        events: list[tuple[bytes, bytes]] = []
+        copies: dict[int, R.Message] = {}
+        with self.env.begin(write=True) as txn:
+            for rec in staged:
+                if type(rec) is R.Message:
+                    if rec.copy_of is not None:
+                        rec = resolve_copy(rec, copies.get(rec.copy_of) or self.get_in(txn, rec.copy_of))
+                    copies[rec.seq] = rec
+                    msgs.append((key(rec.seq), enc(rec)))
+                elif type(rec) is R.Event:
+                    events.append((key(rec.seq), enc(rec)))
+                elif type(rec) is R.RecoveryPoint:
+                    txn.put(b"rp:" + rec.queue.encode(), key(rec.seq), db=self.meta)
+                elif type(rec) is R.QueueDeclared:
+                    name = _declared_name(rec)
+                    txn.put(name.encode(), enc(rec), db=self.queues)
+                else:
+                    raise AssertionError(f"unknown record {rec!r}")
+            if msgs:
+                with txn.cursor(db=self.msgs) as cur:
+                    cur.putmulti(msgs, append=True)
+            if events:
+                with txn.cursor(db=self.events) as cur:
+                    cur.putmulti(events, append=True)
+
+    def get_in(self, txn: lmdb.Transaction, seq: int) -> R.Message | None:
+        raw = txn.get(key(seq), db=self.msgs)
+        return R.message_decoder.decode(raw) if raw is not None else None
+
+    # ----------------------------------------------------------------- read
+
+    def get_messages(self, seqs: list[int]) -> list[R.Message]:
+        dec = R.message_decoder.decode
+        out = []
+        with self.env.begin(db=self.msgs) as txn:
+            get = txn.get
+            for seq in seqs:
+                raw = get(key(seq))
+                if raw is None:
+                    raise JournalError(f"message {seq} is not in the journal")
+                out.append(dec(raw))
+        return out
+
+    def read_messages(self, from_seq: int, to_seq: int | None = None) -> Iterator[R.Message]:
+        return self.scan(self.msgs, R.message_decoder.decode, from_seq, to_seq)
+
+    def read_events(self, from_seq: int, to_seq: int | None = None) -> Iterator[R.Event]:
+        return self.scan(self.events, R.event_decoder.decode, from_seq, to_seq)
+
+    def scan(self, db, decode, from_seq: int, to_seq: int | None, chunk: int = 50_000):  # type: ignore[no-untyped-def]
+        """Iterate in short read transactions so a long scan never pins old pages."""
+        stop = key(to_seq) if to_seq is not None else None
+        next_seq = from_seq
+        while True:
+            batch: list[bytes] = []
+            finished = True
+            with self.env.begin(db=db) as txn, txn.cursor() as cur:
+                if not cur.set_range(key(next_seq)):
+                    return
+                for k, v in cur.iternext():
+                    if stop is not None and k >= stop:
+                        break
+                    batch.append(v)
+                    if len(batch) >= chunk:
+                        next_seq = unkey(k) + 1
+                        finished = False
+                        break
+            for v in batch:
+                yield decode(v)
+            if finished:
+                return
+
+    def declared(self) -> list[R.QueueDeclared]:
+        with self.env.begin(db=self.queues) as txn:
+            return [R.record_decoder.decode(v) for _, v in txn.cursor()]  # type: ignore[misc]
+
+    def recovery_points(self) -> dict[str, int]:
+        out = {}
+        with self.env.begin(db=self.meta) as txn, txn.cursor() as cur:
+            if cur.set_range(b"rp:"):
+                for k, v in cur:
+                    if not k.startswith(b"rp:"):
+                        break
+                    out[k[3:].decode()] = unkey(v)
+        return out
+
+    def next_seq(self) -> int:
+        last = 0
+        with self.env.begin() as txn:
+            for db in (self.msgs, self.events):
+                with txn.cursor(db=db) as cur:
+                    if cur.last():
+                        last = max(last, unkey(cur.key()))
+        return last + 1
+
+    def counts(self) -> dict[str, int]:
+        with self.env.begin() as txn:
+            return {
+                "messages": txn.stat(self.msgs)["entries"],
+                "events": txn.stat(self.events)["entries"],
+            }
+
+    def size_bytes(self) -> int:
+        info, stat = self.env.info(), self.env.stat()
+        return (info["last_pgno"] + 1) * stat["psize"]
+
+    # ------------------------------------------------------------ retention
+
+    def trim(self, below_seq: int, older_than_ms: int) -> int:
+        """Delete records below ``below_seq`` whose time is before ``older_than_ms``.
+
+        Bounded work per call; returns how many records were deleted.
+        """
+        deleted = 0
+        stop = key(below_seq)
+        with self.env.begin(write=True) as txn:
+            for db, decode in ((self.msgs, R.message_decoder.decode), (self.events, R.event_decoder.decode)):
+                with txn.cursor(db=db) as cur:
+                    while deleted < TRIM_BATCH_MAX and cur.first() and cur.key() < stop:
+                        if decode(cur.value()).ts_ms >= older_than_ms:
+                            break
+                        cur.delete()
+                        deleted += 1
+        if deleted:
+            self.unsynced = True
+        return deleted
+
+    def reader_check(self) -> int:
+        """Free reader slots of dead processes (killed tools pin pages otherwise)."""
+        return self.env.reader_check()
+
+    def close(self) -> None:
+        if self.staged:
+            self.commit()
+        if not self.readonly and self.unsynced:
+            self.sync()
+        self.env.close()
+
+
+def _declared_name(d: R.QueueDeclared) -> str:
+    import msgspec
+
+    from zq.core.settings import QueueSettings
+
+    return msgspec.json.decode(d.settings_json, type=QueueSettings).name
