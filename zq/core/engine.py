@@ -279,6 +279,7 @@ class Engine:
             for q in list(self.queues.values()):
                 if q.dirty:
                     q.dispatch(now)
+                self.flush_events(q)  # causes (cancelled, returned) before their expiries
                 if q.expired_out:
                     self.flush_expired(q)
                     busy = True

@@ -264,6 +264,12 @@ class Queue:
                 heapq.heappop(ready)
                 grp.phead += 1
                 self.after_group_pop(grp)
+                self.lease(sub, seq, grp, now_ms)
+                if grp.has_pending():
+                    self.group_became_pending(grp)  # register the group's new head
+                if self.depth == 0:
+                    break
+                continue
             else:
                 break
             self.lease(sub, seq, grp, now_ms)
@@ -447,10 +453,7 @@ class Queue:
         if lease is None or lease.sub is not sub:
             return "not-leased"
         _, m = self.release(seq)
-        if self.at_most_once:
-            self.finish(seq, m >> _G_SHIFT)
-            return None
-        self.expire_leased(seq, m, R.REASON_REQUESTED)
+        self.expire_leased(seq, m, R.REASON_REQUESTED)  # at-most-once too: the holder asks for a dead letter
         return None
 
     def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
@@ -673,6 +676,16 @@ class Queue:
 
     def any_group_pending(self) -> bool:
         return any(g.has_pending() for g in self.groups.values())
+
+    def waiting_set(self) -> set[int]:
+        """Waiting sequence numbers, unordered (for checkers: cheaper than ``waiting``)."""
+        out = set(self.fifo[self.head:])
+        out.update(self.returned)
+        for g in self.groups.values():
+            if g.has_pending():
+                out.update(g.pending[g.phead:])
+        out -= self.removed
+        return out
 
     def compute_recovery_point(self, next_seq: int) -> int:
         """The smallest sequence number still in the queue (waiting or leased)."""

@@ -1,0 +1,33 @@
+"""A tiny driver for engine unit tests: one clock, commit-free, deliveries by sub."""
+
+from zq.core import Engine, QueueSettings
+
+
+class Harness:
+    def __init__(self, *queues: QueueSettings, auto_queues: bool = True) -> None:
+        self.engine = Engine(queues, auto_queues=auto_queues)
+        self.now = 0
+        self.records: list = []
+
+    def pub(self, topic: str, n: int = 1, group: str | None = None, **headers: str) -> list[int]:
+        if group is not None:
+            headers["group"] = group
+        return [self.engine.publish(topic, b"m", dict(headers), self.now) for _ in range(n)]
+
+    def sub(self, sub_id: str, queue: str, backlog: int = 1, consumer: str | None = None) -> int:
+        return self.engine.subscribe(sub_id, queue, consumer or sub_id, backlog, self.now)
+
+    def drain(self) -> dict[str, list[int]]:
+        out = self.engine.drain(self.now)
+        self.records.extend(out.records)
+        got: dict[str, list[int]] = {}
+        for d in out.deliveries:
+            got.setdefault(d.sub_id, []).extend(d.seqs)
+        return got
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+        self.engine.advance(self.now)
+
+    def events(self, kind: str) -> list:
+        return [r for r in self.records if getattr(r, "kind", None) == kind]

@@ -1,0 +1,159 @@
+"""The LMDB journal with a real environment in a temp dir."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zq.core import QueueSettings
+from zq.core import records as R
+from zq.core.errors import JournalError
+from zq.journal.base import recover_engine
+from zq.journal.lmdb_journal import LmdbJournal
+
+from ..core.helpers import Harness
+
+
+def run_step(h: Harness, j: LmdbJournal) -> dict:
+    got = h.drain()
+    j.append(h.records)
+    h.records = []
+    j.commit(h.now)
+    return got
+
+
+def test_messages_events_and_queue_state_round_trip(tmp_path):
+    settings = QueueSettings(name="jobs", dead_letter="jobs.failed", max_cancels=1)
+    j = LmdbJournal(str(tmp_path))
+    h = Harness(settings)
+    a = h.pub("jobs")[0]
+    b = h.pub("jobs", group="g1")[0]
+    h.sub("s", "jobs", 5)
+    run_step(h, j)
+    assert h.engine.ack("s", [a], 1) == []
+    assert h.engine.cancel("s", [b], 1) == []
+    run_step(h, j)
+    j.close()
+
+    j = LmdbJournal(str(tmp_path))
+    assert j.counts()["messages"] == 3  # two published, one dead letter
+    dead = [m for m in j.read_messages(0) if m.topic == "jobs.failed"]
+    assert len(dead) == 1
+    assert dead[0].payload == b"m" and dead[0].headers["group"] == "g1"
+    assert dead[0].headers["zq.reason"] == "max-cancels" and dead[0].headers["zq.topic"] == "jobs"
+    kinds = [e.kind for e in j.read_events(0)]
+    assert kinds[:1] == [R.LEASED] and R.ACKED in kinds and R.EXPIRED in kinds
+    engine = recover_engine(j, [settings])
+    assert engine.queues["jobs"].depth == 0 and engine.queues["jobs.failed"].depth == 1
+
+
+def test_get_messages_returns_payloads_for_delivery(tmp_path):
+    j = LmdbJournal(str(tmp_path))
+    h = Harness()
+    seqs = [h.engine.publish("t", f"p{i}".encode(), {"k": "v"}, 0) for i in range(5)]
+    run_step(h, j)
+    assert [m.payload for m in j.get_messages(seqs[1:3])] == [b"p1", b"p2"]
+    with pytest.raises(JournalError, match="not in the journal"):
+        j.get_messages([999])
+
+
+def test_a_newer_journal_format_is_refused_with_a_clear_message(tmp_path):
+    j = LmdbJournal(str(tmp_path))
+    with j.env.begin(db=j.meta, write=True) as txn:
+        txn.put(b"format", b"99")
+    j.close()
+    with pytest.raises(JournalError, match="format 99, newer than this zq"):
+        LmdbJournal(str(tmp_path))
+
+
+def test_an_unknown_durability_is_refused(tmp_path):
+    with pytest.raises(JournalError, match="durability"):
+        LmdbJournal(str(tmp_path), durability="sometimes")
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch", "none"])
+def test_every_durability_mode_commits_readable_records(tmp_path, durability):
+    j = LmdbJournal(str(tmp_path), durability=durability)
+    h = Harness()
+    h.pub("t", 10)
+    run_step(h, j)
+    assert sum(1 for _ in j.read_messages(0)) == 10
+    assert (j.unsynced is False) if durability == "fsync" else True
+
+
+def test_a_full_map_grows_instead_of_failing(tmp_path):
+    j = LmdbJournal(str(tmp_path), map_size=64 * 1024)
+    h = Harness()
+    for _ in range(20):
+        for _ in range(50):
+            h.engine.publish("t", b"x" * 1000, {}, 0)
+        run_step(h, j)
+    assert j.counts()["messages"] == 1000
+    assert j.env.info()["map_size"] > 64 * 1024
+
+
+def test_retention_deletes_only_old_records_below_the_recovery_point(tmp_path):
+    settings = QueueSettings(name="jobs", max_per_subscription_backlog=100)
+    j = LmdbJournal(str(tmp_path))
+    h = Harness(settings)
+    old = h.pub("jobs", 10)
+    h.now = 10_000
+    young = h.pub("jobs", 10)
+    h.sub("s", "jobs", 100)
+    run_step(h, j)
+    h.engine.ack("s", old + young[:5], h.now)
+    run_step(h, j)
+    rp = h.engine.min_recovery_point()
+    assert rp == young[5]
+    j.trim(rp, older_than_ms=5_000)  # only the old ten are both old and finished
+    remaining = [m.seq for m in j.read_messages(0)]
+    assert remaining == young
+    j.trim(rp, older_than_ms=20_000)
+    assert [m.seq for m in j.read_messages(0)] == young[5:]
+
+
+def test_a_long_scan_reads_in_chunks_without_losing_records(tmp_path):
+    j = LmdbJournal(str(tmp_path))
+    h = Harness()
+    h.pub("t", 250)
+    run_step(h, j)
+    seqs = [m.seq for m in j.scan(j.msgs, R.message_decoder.decode, 0, None, chunk=7)]
+    assert seqs == list(range(1, 251))
+    assert [m.seq for m in j.read_messages(100, 110)] == list(range(100, 110))
+
+
+def test_a_writer_killed_with_sigkill_loses_nothing_it_reported_durable(tmp_path):
+    """Kill a real writer process mid-stream; reopen; check the invariants."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.journal.crash_writer", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    confirmed, acked = set(), set()
+    deadline = time.monotonic() + 30
+    try:
+        while len(confirmed) < 3000:
+            line = proc.stdout.readline()
+            assert line, f"writer exited early with {proc.poll()}"
+            assert time.monotonic() < deadline, "writer too slow"
+            _, c, _, a = (line.rstrip("\n") + " ").split(" ")[:4]
+            confirmed.update(int(x) for x in c.split(",") if x)
+            acked.update(int(x) for x in a.split(",") if x)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+
+    j = LmdbJournal(str(tmp_path))
+    engine = recover_engine(j, [QueueSettings(name="jobs", max_per_subscription_backlog=64, lease_ms=10**9)])
+    q = engine.queues["jobs"]
+    waiting = q.waiting_set()
+    assert not (waiting & acked), "an acked message came back after the crash"
+    missing = confirmed - acked - waiting
+    assert not missing, f"confirmed messages lost: {sorted(missing)[:10]}"
+    # group order: within each group, waiting messages are in publish order
+    order = list(q.waiting())
+    assert order == sorted(order)

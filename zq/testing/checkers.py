@@ -1,0 +1,231 @@
+"""Invariant checkers for the engine, fed from the committed journal stream.
+
+``Oracle`` keeps its own account of what happened, built only from what became
+durable (committed records) and what the simulator itself published, and checks
+the safety properties zq promises after every step:
+
+* no acknowledged message is ever delivered again;
+* nothing vanishes: every confirmed message is acked, expired, waiting or leased;
+* no subscription holds more than its backlog (and the engine agrees on the count);
+* a sequenced group never has two messages out at once, and goes in publish order;
+* an exclusive group is never split across live consumers, and goes in order;
+* the engine's own structures agree with each other (``check_engine``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zq.core import records as R
+from zq.core.engine import Engine
+from zq.core.queue import Queue
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+@dataclass
+class QueueView:
+    semantics: str
+    group_policy: str
+    confirmed: dict[int, str | None] = field(default_factory=dict)  # seq -> group
+    open: set[int] = field(default_factory=set)  # confirmed and not finished
+    group_open: dict[str, set[int]] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+    acked: set[int] = field(default_factory=set)
+    held: dict[int, str] = field(default_factory=dict)  # seq -> consumer holding it
+    delivered_once: set[int] = field(default_factory=set)
+
+
+class Oracle:
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueView] = {}
+        self.deliveries = 0
+
+    def queue_view(self, q: Queue) -> QueueView:
+        view = self.queues.get(q.name)
+        if view is None:
+            view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy)
+        return view
+
+    # ------------------------------------------------------------ feeding
+
+    def committed(self, engine: Engine, records: list[object]) -> None:
+        """Account for one committed step, in record order."""
+        for rec in records:
+            if type(rec) is R.Message:
+                self.on_message(engine, rec)
+            elif type(rec) is R.Event:
+                self.on_event(engine, rec)
+
+    def on_message(self, engine: Engine, msg: R.Message) -> None:
+        for q in engine.route(msg.topic):
+            if msg.seq < q.settings.start_seq:
+                continue
+            view = self.queue_view(q)
+            group = None
+            if q.grouped:
+                group = msg.headers.get(q.settings.group_header or "")
+                if msg.copy_of is not None:
+                    group = None  # dead letter: group decided by the engine, not checked here
+            view.confirmed[msg.seq] = group
+            view.open.add(msg.seq)
+            if group is not None:
+                view.group_open.setdefault(group, set()).add(msg.seq)
+
+    def on_event(self, engine: Engine, ev: R.Event) -> None:
+        view = self.queues.get(ev.queue)
+        if view is None:
+            q = engine.queues.get(ev.queue)
+            if q is None:
+                return
+            view = self.queue_view(q)
+        kind = ev.kind
+        for seq in ev.bookmarks:
+            if kind == R.LEASED:
+                self.on_leased(view, ev, seq)
+            elif kind == R.ACKED:
+                view.held.pop(seq, None)
+                view.acked.add(seq)
+                self.finish(view, seq)
+            elif kind == R.EXPIRED:
+                if ev.reason == R.REASON_REQUESTED:
+                    view.held.pop(seq, None)  # the holder asked: its lease ends here
+                if seq in view.held and view.semantics == "at-least-once":
+                    raise InvariantError(f"{ev.queue}: {seq} expired while still held by {view.held[seq]}")
+                self.finish(view, seq)
+            elif kind in (R.CANCELLED, R.LEASE_EXPIRED, R.RETURNED):
+                view.held.pop(seq, None)
+
+    def on_leased(self, view: QueueView, ev: R.Event, seq: int) -> None:
+        self.deliveries += 1
+        if seq in view.acked:
+            raise InvariantError(f"{ev.queue}: acked message {seq} delivered again to {ev.consumer}")
+        if seq in view.held:
+            raise InvariantError(f"{ev.queue}: {seq} leased to {ev.consumer} while held by {view.held[seq]}")
+        if seq not in view.confirmed:
+            raise InvariantError(f"{ev.queue}: delivered {seq}, which was never confirmed in this queue")
+        group = view.confirmed[seq]
+        if group is not None:
+            self.check_group_order(view, ev, seq, group)
+        view.held[seq] = ev.consumer
+        view.delivered_once.add(seq)
+        if view.semantics == "at-most-once":
+            self.finish(view, seq)
+
+    @staticmethod
+    def finish(view: QueueView, seq: int) -> None:
+        view.finished.add(seq)
+        view.open.discard(seq)
+        group = view.confirmed.get(seq)
+        if group is not None:
+            members = view.group_open.get(group)
+            if members is not None:
+                members.discard(seq)
+
+    def check_group_order(self, view: QueueView, ev: R.Event, seq: int, group: str) -> None:
+        # Members still open, plus (at-most-once) delivered ones still held.
+        candidates = set(view.group_open.get(group, ())) | {s for s in view.held if view.confirmed.get(s) == group}
+        for other in candidates:
+            if other == seq:
+                continue
+            if other in view.held:
+                if view.group_policy == "sequenced":
+                    raise InvariantError(
+                        f"{ev.queue}: sequenced group {group!r} has {other} out while {seq} is leased"
+                    )
+                if view.held[other] != ev.consumer:
+                    raise InvariantError(
+                        f"{ev.queue}: exclusive group {group!r} split: {other} at {view.held[other]}, "
+                        f"{seq} to {ev.consumer}"
+                    )
+            if other < seq and other not in view.finished and other not in view.held:
+                raise InvariantError(f"{ev.queue}: group {group!r} out of order: {seq} leased before {other}")
+
+    def forget_holders(self) -> None:
+        """A restart ends every lease: nothing is held any more."""
+        for view in self.queues.values():
+            view.held.clear()
+
+    # ------------------------------------------------------------ checking
+
+    def check(self, engine: Engine) -> None:
+        check_engine(engine)
+        for name, view in self.queues.items():
+            q = engine.queues.get(name)
+            if q is None:
+                raise InvariantError(f"queue {name} vanished")
+            waiting = q.waiting_set()
+            leased = set(q.lease_of)
+            if len(waiting) != q.depth:
+                raise InvariantError(f"{name}: depth {q.depth} but {len(waiting)} waiting")
+            at_least_once = view.semantics == "at-least-once"
+            live = leased if at_least_once else set()
+            both = waiting & live
+            if both:
+                raise InvariantError(f"{name}: {sorted(both)[:5]} both waiting and leased")
+            present = waiting | live
+            if present != view.open:
+                vanished = sorted(view.open - present)[:5]
+                stray = sorted(present - view.open)[:5]
+                raise InvariantError(
+                    f"{name}: confirmed but neither finished, waiting nor leased (vanished): {vanished}; "
+                    f"waiting/leased but never confirmed or already finished: {stray}"
+                )
+            held_by: dict[str, int] = {}
+            for seq, consumer in view.held.items():
+                held_by[consumer] = held_by.get(consumer, 0) + 1
+                if seq not in leased:
+                    raise InvariantError(f"{name}: {consumer} holds {seq} but the engine has no lease on it")
+            for sub in q.subs:
+                if sub.used > sub.backlog:
+                    raise InvariantError(f"{name}: {sub.sub_id} holds {sub.used} > backlog {sub.backlog}")
+                if held_by.get(sub.consumer, 0) != sub.used:
+                    raise InvariantError(
+                        f"{name}: engine says {sub.consumer} holds {sub.used}, journal says {held_by.get(sub.consumer, 0)}"
+                    )
+            if view.group_policy == "exclusive":
+                owners: dict[str, set[str]] = {}
+                for seq, consumer in view.held.items():
+                    g = view.confirmed.get(seq)
+                    if g is not None:
+                        owners.setdefault(g, set()).add(consumer)
+                for g, who in owners.items():
+                    if len(who) > 1:
+                        raise InvariantError(f"{name}: exclusive group {g!r} held by {sorted(who)}")
+
+    def unfinished(self) -> dict[str, list[int]]:
+        return {name: sorted(view.open) for name, view in self.queues.items() if view.open}
+
+
+def check_engine(engine: Engine) -> None:
+    """Structural agreement inside the engine (cheap enough for every step)."""
+    for q in engine.queues.values():
+        used = {s.sub_id: 0 for s in q.subs}
+        for seq, lease in q.lease_of.items():
+            if lease.sub.sub_id not in used:
+                raise InvariantError(f"{q.name}: {seq} leased to a dead subscription {lease.sub.sub_id}")
+            used[lease.sub.sub_id] += 1
+            if seq not in q.meta:
+                raise InvariantError(f"{q.name}: leased {seq} has no delivery counters")
+        for s in q.subs:
+            if used[s.sub_id] != s.used:
+                raise InvariantError(f"{q.name}: {s.sub_id} used={s.used} but holds {used[s.sub_id]} leases")
+            if engine.subs.get(s.sub_id) is not s:
+                raise InvariantError(f"{q.name}: subscription {s.sub_id} unknown to the engine")
+        inflight: dict[int, int] = {}
+        for seq in q.lease_of:
+            gid = q.meta[seq] >> 32
+            if gid:
+                inflight[gid] = inflight.get(gid, 0) + 1
+        for gid, grp in q.groups.items():
+            if grp.inflight != inflight.get(gid, 0):
+                raise InvariantError(f"{q.name}: group {grp.name} inflight={grp.inflight}, leases say {inflight.get(gid, 0)}")
+            if not q.exclusive and grp.inflight > 1:
+                raise InvariantError(f"{q.name}: sequenced group {grp.name} has {grp.inflight} in flight")
+            pending = list(grp.pending[grp.phead:])
+            if pending != sorted(pending):
+                raise InvariantError(f"{q.name}: group {grp.name} pending out of order")
+            if grp.owner is not None and grp.owner not in q.subs:
+                raise InvariantError(f"{q.name}: group {grp.name} owned by a dead subscription")
