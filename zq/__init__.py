@@ -1,8 +1,43 @@
 """zq: a journaled ZeroMQ work-queue dispatcher.
 
-The pure queue engine lives in ``zq.core``; journals in ``zq.journal``.
+>>> import zq                                                    # doctest: +SKIP
+>>> c = zq.connect("tcp://127.0.0.1:7780")                        # doctest: +SKIP
+>>> c.publish("jobs", b"payload", group="cust-17")                # doctest: +SKIP
+>>> with c.subscribe("jobs", max_backlog=16) as sub:              # doctest: +SKIP
+...     for msg in sub:
+...         msg.ack()
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from zq.client import Client, ConnectionLost, Message, Subscription, connect
+from zq.config import Config
+from zq.core.errors import (
+    ConfigError,
+    JournalError,
+    LimitError,
+    NotSupportedError,
+    ProtocolError,
+    UnknownQueueError,
+    ZqError,
+)
+from zq.server import Dispatcher, Server
+
+__all__ = [
+    "Client",
+    "Config",
+    "ConfigError",
+    "ConnectionLost",
+    "Dispatcher",
+    "JournalError",
+    "LimitError",
+    "Message",
+    "NotSupportedError",
+    "ProtocolError",
+    "Server",
+    "Subscription",
+    "UnknownQueueError",
+    "ZqError",
+    "__version__",
+    "connect",
+]

@@ -1,0 +1,80 @@
+"""zq benchmarks: ``python -m bench run SCENARIO [--quick]`` prints a table and writes JSON.
+
+Scenarios so far: engine-memory, engine-throughput. Results go to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import lmdb
+    import msgspec
+    import zmq
+
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "lmdb": ".".join(map(str, lmdb.version())),
+        "msgspec": msgspec.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def run(scenario: str, quick: bool) -> list[dict]:
+    from bench import engine
+
+    if scenario == "engine-memory":
+        sizes = [20_000] if quick else [1_000_000]
+        return [engine.memory(n) for n in sizes] + [engine.memory(n, grouped=True) for n in sizes]
+    if scenario == "engine-throughput":
+        n = 20_000 if quick else 1_000_000
+        return [
+            engine.throughput(n, backlog=16, batch=64),
+            engine.throughput(n, backlog=256, batch=64),
+            engine.throughput(n, backlog=16, batch=64, groups=1000),
+        ]
+    raise SystemExit(f"unknown scenario {scenario!r}; try engine-memory, engine-throughput")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run one scenario")
+    r.add_argument("scenario")
+    r.add_argument("--quick", action="store_true", help="tiny sizes (the test suite runs these)")
+    r.add_argument("--out", default=None, help="JSON file to write (default bench/results/SCENARIO.json)")
+    args = parser.parse_args(argv)
+    rows = run(args.scenario, args.quick)
+    meta = machine()
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    print(f"machine: {meta['cores']} cores, {meta['cpu']}, Python {meta['python']}, {meta['date']}")
+    out = Path(args.out) if args.out else RESULTS / f"{args.scenario}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": meta, "results": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Engine-only scenarios: no sockets, no disk. What the pure core costs."""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+
+from zq.core import Engine, QueueSettings
+
+
+def memory(n: int, grouped: bool = False, groups: int = 1000) -> dict:
+    """Heap growth per queued message with no consumers (payloads live in the journal)."""
+    settings = QueueSettings(name="jobs", group_header="group" if grouped else None)
+    engine = Engine([settings])
+    headers = [{"group": f"g{i}"} for i in range(groups)] if grouped else [{}]
+    payload = b"x" * 128
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(n):
+        engine.publish("jobs", payload, headers[i % len(headers)], 0)
+        if i % 4096 == 4095:
+            engine.drain(0)  # the adapter takes the records away to the journal
+    engine.drain(0)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    q = engine.queues["jobs"]
+    assert q.depth == n
+    return {"scenario": "engine-memory", "queued": n, "grouped": grouped, "bytes_per_message": round(grown / n, 1)}
+
+
+def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0) -> dict:
+    """publish -> deliver -> ack through the engine alone, batched as the server batches."""
+    settings = QueueSettings(name="jobs", max_per_subscription_backlog=max(backlog, 1), group_header="group" if groups else None)
+    engine = Engine([settings])
+    for w in range(workers):
+        engine.subscribe(f"w{w}", "jobs", f"w{w}", backlog, 0)
+    payload = b"x" * 128
+    headers = [{"group": f"g{i}"} for i in range(groups)] if groups else [{}]
+    held: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
+    published = acked = 0
+    now = 0
+    t0 = time.perf_counter()
+    while acked < n:
+        now += 1
+        for _ in range(min(batch, n - published)):
+            engine.publish("jobs", payload, headers[published % len(headers)], now)
+            published += 1
+        for sub, seqs in held.items():
+            if seqs:
+                engine.ack(sub, seqs, now)
+                acked += len(seqs)
+                held[sub] = []
+        out = engine.drain(now)
+        for d in out.deliveries:
+            held[d.sub_id].extend(d.seqs)
+    elapsed = time.perf_counter() - t0
+    return {
+        "scenario": "engine-throughput",
+        "messages": n,
+        "workers": workers,
+        "backlog": backlog,
+        "publish_batch": batch,
+        "groups": groups,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(n / elapsed),
+    }

@@ -1,0 +1,94 @@
+"""The asyncio client: the same shape as ``zq.Client``, awaitable.
+
+It shares the sync client's I/O thread (one socket owner); confirmations and
+replies arrive as futures wrapped for the event loop, deliveries are pushed into an
+``asyncio.Queue`` with ``call_soon_threadsafe``.
+
+    async with await zq.aio.connect(endpoint) as c:
+        await c.publish("jobs", b"x")
+        async with await c.subscribe("jobs", max_backlog=16) as sub:
+            async for msg in sub:
+                msg.ack()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from zq.client import Client, Message, Subscription
+
+
+class AsyncSubscription:
+    def __init__(self, sub: Subscription, loop: asyncio.AbstractEventLoop) -> None:
+        self.sub = sub
+        self.queue: asyncio.Queue[list[Message]] = asyncio.Queue()
+        self.local: list[Message] = []
+        sub.sink = lambda batch: loop.call_soon_threadsafe(self.queue.put_nowait, batch)
+
+    @property
+    def backlog(self) -> int:
+        return self.sub.backlog
+
+    def __aiter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __anext__(self) -> Message:
+        while not self.local:
+            batch = await self.queue.get()
+            self.local = [m for m in batch if m._generation == self.sub.client.generation]
+            self.local.reverse()
+        return self.local.pop()
+
+    async def get(self, timeout: float | None = None) -> Message | None:
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sub.close)
+
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def publish(self, topic: str, data: bytes | str, **kw: Any) -> int:
+        loop = asyncio.get_running_loop()
+        fut = await loop.run_in_executor(None, lambda: self.client.publish_async(topic, data, **kw))
+        return await asyncio.wrap_future(fut)
+
+    async def publish_many(self, topic: str, messages: list[bytes | str], **kw: Any) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self.client.publish_many(topic, messages, **kw))
+
+    async def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> AsyncSubscription:
+        loop = asyncio.get_running_loop()
+        sub = await loop.run_in_executor(None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter))
+        return AsyncSubscription(sub, loop)
+
+    async def stats(self) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.client.close)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def connect(endpoint: str | None = None, **kw: Any) -> AsyncClient:
+    from zq.client import connect as sync_connect
+
+    loop = asyncio.get_running_loop()
+    return AsyncClient(await loop.run_in_executor(None, lambda: sync_connect(endpoint, **kw)))

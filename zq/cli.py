@@ -1,0 +1,260 @@
+"""The ``zq`` command. Each command parses options and calls one library function."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import msgspec
+import typer
+
+from zq.config import DEFAULT_ENDPOINT, Config
+from zq.core.errors import ZqError
+
+RET_OK = 0
+RET_ERROR = 1
+RET_USAGE = 2
+RET_CONNECT = 3
+
+app = typer.Typer(
+    name="zq",
+    help="zq: a journaled ZeroMQ work-queue dispatcher. Start with `zq demo`, then `zq serve`.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+EndpointOpt = typer.Option(None, "--endpoint", "-e", help=f"dispatcher endpoint [env ZQ_ENDPOINT, default {DEFAULT_ENDPOINT}]")
+
+
+def endpoint_of(endpoint: str | None) -> str:
+    return endpoint or os.environ.get("ZQ_ENDPOINT") or DEFAULT_ENDPOINT
+
+
+def fail(message: str, code: int = RET_ERROR) -> typer.Exit:
+    typer.echo(f"zq: {message}", err=True)
+    return typer.Exit(code)
+
+
+def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    from zq.client import Client, ConnectionLost
+
+    ep = endpoint_of(endpoint)
+    try:
+        return Client(ep, connect_timeout=timeout)
+    except ConnectionLost as exc:
+        raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
+
+
+def load_config(config: str | None, data: str | None, bind: list[str] | None, durability: str | None) -> Config:
+    try:
+        cfg = Config.load(config) if config else Config()
+    except ZqError as exc:
+        raise fail(str(exc), RET_USAGE) from None
+    changes: dict = {}
+    if data:
+        changes["data"] = data
+    if bind:
+        changes["bind"] = list(bind)
+    if durability:
+        if durability not in ("fsync", "batch", "none"):
+            raise fail(f"--durability must be fsync, batch or none, got {durability!r}", RET_USAGE)
+        changes["durability"] = durability
+    return msgspec.structs.replace(cfg, **changes) if changes else cfg
+
+
+@app.command()
+def serve(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="zq.toml; without it, the embedded default"),
+    data: Optional[str] = typer.Option(None, "--data", help="journal directory [default ./zq-data]"),
+    bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) [default tcp://127.0.0.1:7780]"),
+    durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none [default batch]"),
+) -> None:
+    """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop)."""
+    from zq.server import Server
+
+    cfg = load_config(config, data, bind, durability)
+    try:
+        server = Server(cfg)
+    except ZqError as exc:
+        raise fail(str(exc)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    queues = ", ".join(server.engine.queues) or "none yet (auto-created on first use)"
+    typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}", err=True)
+    server.run()
+    typer.echo("zq stopped cleanly", err=True)
+
+
+def parse_headers(header: list[str] | None) -> dict[str, str]:
+    out = {}
+    for h in header or []:
+        k, sep, v = h.partition("=")
+        if not sep or not k:
+            raise fail(f"--header wants KEY=VALUE, got {h!r}", RET_USAGE)
+        out[k] = v
+    return out
+
+
+@app.command()
+def publish(
+    topic: str = typer.Argument(..., help="topic (or a queue name) to publish to"),
+    data: Optional[str] = typer.Argument(None, help="the payload; without it, one message per stdin line"),
+    endpoint: Optional[str] = EndpointOpt,
+    group: Optional[str] = typer.Option(None, "--group", "-g", help="message group (sets header 'group')"),
+    priority: Optional[int] = typer.Option(None, "--priority", "-p", help="priority (sets header 'priority')"),
+    msg_id: Optional[str] = typer.Option(None, "--id", help="client message id"),
+    header: Optional[list[str]] = typer.Option(None, "--header", "-H", help="KEY=VALUE (repeatable)"),
+) -> None:
+    """Publish messages; prints each bookmark once the message is durable."""
+    headers = parse_headers(header)
+    with client_for(endpoint) as c:
+        try:
+            if data is not None:
+                typer.echo(c.publish(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers))
+                return
+            futures = [
+                c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers)
+                for line in sys.stdin
+            ]
+            for f in futures:
+                typer.echo(f.result(60))
+        except ZqError as exc:
+            raise fail(str(exc)) from None
+
+
+def message_json(msg) -> str:  # type: ignore[no-untyped-def]
+    doc = {"bookmark": msg.bookmark, "topic": msg.topic, "headers": msg.headers, "group": msg.group, "deliveries": msg.deliveries}
+    try:
+        doc["data"] = msg.data.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["data"] = base64.b64encode(msg.data).decode()
+        doc["encoding"] = "base64"
+    return json.dumps(doc, ensure_ascii=False)
+
+
+@app.command()
+def consume(
+    queue: str = typer.Argument(..., help="queue to consume"),
+    endpoint: Optional[str] = EndpointOpt,
+    filter: Optional[str] = typer.Option(None, "--filter", help="content filter (not supported yet)"),
+    max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once [default: concurrency]"),
+    count: Optional[int] = typer.Option(None, "--count", "-n", help="stop after N messages"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
+    exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run CMD per message (payload on stdin); exit 0 acks, else cancels"),
+    concurrency: int = typer.Option(1, "--concurrency", "-j", help="commands run at once with --exec"),
+) -> None:
+    """Print messages as JSON lines and ack each; or run --exec per message."""
+    if concurrency < 1:
+        raise fail("--concurrency must be at least 1", RET_USAGE)
+    with client_for(endpoint) as c:
+        try:
+            sub = c.subscribe(queue, max_backlog=max_backlog or concurrency, filter=filter)
+        except ZqError as exc:
+            raise fail(str(exc), RET_USAGE) from None
+        with sub:
+            if exec_:
+                run_exec(sub, exec_, concurrency, count, timeout)
+            else:
+                print_messages(sub, count, timeout)
+
+
+def print_messages(sub, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
+    seen = 0
+    while count is None or seen < count:
+        msg = sub.get(timeout)
+        if msg is None:
+            break
+        sys.stdout.write(message_json(msg) + "\n")
+        sys.stdout.flush()
+        msg.ack()
+        seen += 1
+
+
+def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
+    slots = threading.Semaphore(concurrency)
+
+    def work(msg) -> None:  # type: ignore[no-untyped-def]
+        try:
+            env = dict(os.environ, ZQ_BOOKMARK=str(msg.bookmark), ZQ_TOPIC=msg.topic,
+                       ZQ_DELIVERIES=str(msg.deliveries), ZQ_GROUP=msg.group or "")
+            rc = subprocess.run(command, shell=True, input=msg.data, env=env).returncode
+            (msg.ack if rc == 0 else msg.cancel)()
+        finally:
+            slots.release()
+
+    seen = 0
+    with ThreadPoolExecutor(concurrency) as pool:
+        while count is None or seen < count:
+            slots.acquire()
+            msg = sub.get(timeout)
+            if msg is None:
+                slots.release()
+                break
+            pool.submit(work, msg)
+            seen += 1
+
+
+@app.command()
+def stats(
+    endpoint: Optional[str] = EndpointOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the raw stats as JSON"),
+) -> None:
+    """Per queue: depth, leased, published, acked, dead-lettered, consumers."""
+    with client_for(endpoint) as c:
+        st = c.stats()
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, default=str))
+        return
+    from rich.console import Console
+
+    from zq.views import stats_table
+
+    Console().print(stats_table(st))
+
+
+@app.command()
+def peek(
+    queue: str = typer.Argument(..., help="queue to look into (read-only)"),
+    endpoint: Optional[str] = EndpointOpt,
+    limit: int = typer.Option(20, "--limit", "-n", help="at most this many messages"),
+) -> None:
+    """List waiting messages in delivery order without leasing them (JSON lines)."""
+    from types import SimpleNamespace
+
+    with client_for(endpoint) as c:
+        try:
+            items = c.peek(queue, limit)
+        except ZqError as exc:
+            raise fail(str(exc)) from None
+    for it in items:
+        msg = SimpleNamespace(group=it["headers"].get("group"), data=it["payload"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
+        typer.echo(message_json(msg))
+
+
+@app.command()
+def demo(
+    messages: int = typer.Option(20_000, "--messages", "-n", help="how many messages to publish"),
+    workers: int = typer.Option(4, "--workers", "-w", help="worker processes"),
+    backlog: int = typer.Option(16, "--backlog", help="max backlog per worker"),
+    fail_rate: float = typer.Option(0.01, "--fail-rate", help="share of messages a worker cancels (to show redelivery)"),
+    data: Optional[str] = typer.Option(None, "--data", help="journal directory [default: a temporary one]"),
+) -> None:
+    """A whole fleet in one command: an embedded dispatcher, a publisher, workers, a summary."""
+    from zq.demo import run_demo
+
+    raise typer.Exit(run_demo(messages=messages, workers=workers, backlog=backlog, fail_rate=fail_rate, data=data))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

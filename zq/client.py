@@ -1,0 +1,575 @@
+"""Clients: ``zq.connect(endpoint)`` (sync) and ``zq.aio.connect`` (asyncio).
+
+Theory of operation
+-------------------
+A DEALER socket belongs to one thread, and a worker's heartbeats must go on while
+its code runs a long job. So each ``Client`` runs one I/O thread that owns the
+socket. User threads hand it work through a deque and a wake-up pipe; it hands
+deliveries back through per-subscription queues and replies through futures.
+
+Batching falls out of that shape: every ``msg.ack()`` or ``publish_async()`` made
+while the I/O thread was busy goes out in one frame on its next turn.
+
+When the server goes silent for ``heartbeat x liveness`` (or says ``reset``), the I/O
+thread reconnects with backoff, says HELLO, reopens every subscription and resends
+every unconfirmed publish. Messages buffered from the old session are dropped (their
+leases broke with it; the server delivers them again).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import queue as queue_mod
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+import zmq
+
+from zq import wire
+from zq.core import limits
+from zq.core.errors import NotSupportedError, ZqError
+
+log = logging.getLogger("zq.client")
+
+ERRORS: dict[str, type[ZqError]] = {}
+
+
+def _error_types() -> dict[str, type[ZqError]]:
+    if not ERRORS:
+        from zq.core import errors
+
+        for name in dir(errors):
+            obj = getattr(errors, name)
+            if isinstance(obj, type) and issubclass(obj, ZqError):
+                ERRORS[obj.code] = obj
+    return ERRORS
+
+
+def error_from(code: str, message: str) -> ZqError:
+    return _error_types().get(code, ZqError)(message)
+
+
+class ConnectionLost(ZqError):
+    code = "connection"
+
+
+class Message:
+    """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
+
+    __slots__ = ("data", "bookmark", "topic", "headers", "deliveries", "ts_ms", "_sub", "_generation")
+
+    def __init__(self, d: wire.Delivery, sub: "Subscription", generation: int) -> None:
+        self.data: bytes = d.payload
+        self.bookmark: int = d.bookmark
+        self.topic: str = d.topic
+        self.headers: dict[str, str] = d.headers
+        self.deliveries: int = d.deliveries
+        self.ts_ms: int = d.ts_ms
+        self._sub = sub
+        self._generation = generation
+
+    @property
+    def group(self) -> str | None:
+        return self.headers.get("group")
+
+    def ack(self) -> None:
+        self._sub._settle("ack", self)
+
+    def cancel(self) -> None:
+        self._sub._settle("cancel", self)
+
+    def expire(self) -> None:
+        self._sub._settle("expire", self)
+
+    def extend(self, seconds: float) -> None:
+        self._sub._extend(self, int(seconds * 1000))
+
+    def __repr__(self) -> str:
+        return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
+
+
+class Subscription:
+    """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
+
+    def __init__(self, client: "Client", sub_id: str, queue: str, max_backlog: int) -> None:
+        self.client = client
+        self.sub_id = sub_id
+        self.queue = queue
+        self.max_backlog = max_backlog
+        self.backlog = 0  # granted by the server
+        self.inbox: queue_mod.SimpleQueue[tuple[int, list[wire.Delivery]] | None] = queue_mod.SimpleQueue()
+        self.local: collections.deque[Message] = collections.deque()
+        self.settle: collections.deque[tuple[str, int, int]] = collections.deque()  # op, bookmark, generation
+        self.refused = 0
+        self.closed = False
+        self.sink: Callable[[list[Message]], None] | None = None
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None when ``timeout`` seconds pass without one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.local:
+            if self.closed:
+                raise StopIteration
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
+            except queue_mod.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            if item is None:
+                continue
+            generation, batch = item
+            if generation != self.client.generation:
+                continue  # from a session that is gone: the server will deliver again
+            self.local.extend(Message(d, self, generation) for d in batch)
+        return self.local.popleft()
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        msg = self.get()
+        assert msg is not None
+        return msg
+
+    def _settle(self, op: str, msg: Message) -> None:
+        self.settle.append((op, msg.bookmark, msg._generation))
+        self.client._wake()
+
+    def _extend(self, msg: Message, ms: int) -> None:
+        self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.client._flush_and_wait()
+        self.closed = True
+        self.inbox.put(None)
+        try:
+            self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
+        except ZqError:
+            pass
+        self.client._subs.pop(self.sub_id, None)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """A connection to a zq dispatcher (see module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        name: str | None = None,
+        context: zmq.Context | None = None,
+        connect_timeout: float = 10.0,
+        heartbeat_ms: int = 1000,
+        liveness: int = 3,
+        window: int = 16 * 64,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.ctx = context or zmq.Context.instance()
+        self.heartbeat_ms = heartbeat_ms
+        self.liveness = liveness
+        self.generation = 0
+        self.closed = False
+        self._reqs = itertools.count(1)
+        self._sub_ids = itertools.count(1)
+        self._out: collections.deque[tuple[object, Future | None]] = collections.deque()
+        self._pending: dict[int, tuple[Future, object]] = {}
+        self._publishes: dict[int, tuple[Future, wire.Publish, list[Future] | None]] = {}
+        self._subs: dict[str, Subscription] = {}
+        self._window = threading.BoundedSemaphore(window)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._woken = False
+        self._welcome: Future = Future()
+        self._flush_waiters: collections.deque[Future] = collections.deque()
+        self._thread = threading.Thread(target=self._io_main, name="zq-client-io", daemon=True)
+        self._thread.start()
+        try:
+            self._welcome.result(connect_timeout)
+        except Exception as exc:
+            self.close()
+            raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s") from exc
+
+    # ---------------------------------------------------------------- API
+
+    def publish(
+        self,
+        topic: str,
+        data: bytes | str,
+        *,
+        group: str | None = None,
+        priority: int | None = None,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> int:
+        """Publish one message; returns its bookmark once it is durable."""
+        return self.publish_async(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers).result(timeout)
+
+    def publish_async(
+        self,
+        topic: str,
+        data: bytes | str,
+        *,
+        group: str | None = None,
+        priority: int | None = None,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Future:
+        """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
+        self._check_open()
+        item = _item(data, group, priority, msg_id, headers)
+        self._window.acquire()
+        fut: Future = Future()
+        fut.add_done_callback(lambda _: self._window.release())
+        self._out.append((("pub1", topic, item), fut))
+        self._wake()
+        return fut
+
+    def publish_many(self, topic: str, messages: Iterable[bytes | str], *, timeout: float = 60.0, **kw: Any) -> list[int]:
+        """Publish a batch (one frame per ``PUBLISH_BATCH_MAX``); returns the bookmarks."""
+        self._check_open()
+        items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
+        futures = []
+        for i in range(0, len(items), limits.PUBLISH_BATCH_MAX):
+            chunk = items[i : i + limits.PUBLISH_BATCH_MAX]
+            futures.append(self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False))
+        out: list[int] = []
+        for f in futures:
+            out.extend(f.result(timeout))
+        return out
+
+    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0) -> Subscription:
+        self._check_open()
+        if filter is not None:
+            raise NotSupportedError("subscription filters arrive with the expression language; not supported yet")
+        sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog)
+        self._subs[sub.sub_id] = sub
+        try:
+            sub.backlog = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog), timeout=timeout)
+        except BaseException:
+            self._subs.pop(sub.sub_id, None)
+            raise
+        return sub
+
+    def stats(self, timeout: float = 10.0) -> dict:
+        return self._request(lambda req: wire.Stats(req), timeout=timeout)
+
+    def peek(self, queue: str, limit: int = 100, timeout: float = 10.0) -> list[dict]:
+        return self._request(lambda req: wire.Peek(req, queue, limit), timeout=timeout)
+
+    def queues(self, timeout: float = 10.0) -> list[dict]:
+        return self._request(lambda req: wire.Queues(req), timeout=timeout)
+
+    def close(self) -> None:
+        """Send outstanding acks, say BYE, stop the I/O thread."""
+        if self.closed:
+            return
+        if self._thread.is_alive() and self._welcome.done() and not self._welcome.exception():
+            try:
+                self._flush_and_wait(timeout=5)
+            except ZqError:
+                pass
+        self.closed = True
+        self._wake()
+        self._thread.join(10)
+        for sub in self._subs.values():
+            sub.closed = True
+            sub.inbox.put(None)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------ user-side plumbing
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConnectionLost("client is closed")
+
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
+    def _submit(self, cmd: object) -> None:
+        self._out.append((cmd, None))
+        self._wake()
+
+    def _request(self, make: Callable[[int], object], *, timeout: float = 30.0, wait: bool = True) -> Any:
+        self._check_open()
+        fut: Future = Future()
+        self._out.append((make, fut))
+        self._wake()
+        if not wait:
+            return fut
+        return fut.result(timeout)
+
+    def _flush_and_wait(self, timeout: float = 10.0) -> None:
+        """Return once the I/O thread has sent everything settled or submitted so far."""
+        fut: Future = Future()
+        self._flush_waiters.append(fut)
+        self._wake()
+        try:
+            fut.result(timeout)
+        except Exception as exc:
+            raise ConnectionLost("could not flush to the dispatcher in time") from exc
+
+    # ------------------------------------------------------------- I/O thread
+
+    def _io_main(self) -> None:
+        backoff = 0.05
+        sock: zmq.Socket | None = None
+        try:
+            while not self.closed:
+                sock = self._open_socket()
+                lost = self._serve(sock)
+                sock.close(0)
+                sock = None
+                if self.closed or not lost:
+                    break
+                time.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 2.0)
+        except Exception:  # pragma: no cover - logged, then every waiter is failed
+            log.exception("zq client I/O thread crashed")
+        finally:
+            if sock is not None:
+                sock.close(0)
+            self._fail_all(ConnectionLost("client closed"))
+
+    def _open_socket(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(self.endpoint)
+        self.generation += 1
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, self.name)))
+        return sock
+
+    def _serve(self, sock: zmq.Socket) -> bool:
+        """Run one session; True if the server was lost (reconnect), False on close."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        hb = self.heartbeat_ms
+        last_heard = last_sent = time.monotonic()
+        welcomed = False
+        while not self.closed:
+            poller.poll(hb // 2)
+            self._woken = False
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+            now = time.monotonic()
+            for frame in _drain(sock):
+                last_heard = now
+                outcome = self._on_frame(sock, frame)
+                if outcome == "welcome":
+                    welcomed = True
+                elif outcome == "reset":
+                    return True
+            if welcomed:
+                if self._send_work(sock):
+                    last_sent = now
+            if now - last_sent >= hb / 1000:
+                sock.send(wire.HEARTBEAT_FRAME)
+                last_sent = now
+            if now - last_heard > hb * self.liveness / 1000:
+                log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)
+                return True
+        if welcomed:
+            self._send_work(sock)
+            sock.send(wire.encode(wire.Bye()))
+        return False
+
+    def _on_frame(self, sock: zmq.Socket, frame: bytes) -> str | None:
+        try:
+            msg = wire.server_decoder.decode(frame)
+        except msgspec.MsgspecError as exc:
+            log.error("undecodable frame from the dispatcher: %s", exc)
+            return None
+        t = type(msg)
+        if t is wire.Deliver:
+            sub = self._subs.get(msg.sub)
+            if sub is not None:
+                if sub.sink is not None:
+                    sub.sink([Message(d, sub, self.generation) for d in msg.messages])
+                else:
+                    sub.inbox.put((self.generation, msg.messages))
+        elif t is wire.Confirm:
+            self._resolve(msg.req, msg.bookmarks)
+        elif t is wire.Heartbeat:
+            pass
+        elif t is wire.Subscribed:
+            self._resolve(msg.req, msg.backlog)
+        elif t is wire.Reply:
+            self._resolve(msg.req, msg.data)
+        elif t is wire.Refused:
+            sub = self._subs.get(msg.sub)
+            if sub is not None:
+                sub.refused += len(msg.bookmarks)
+            log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
+        elif t is wire.Error:
+            if msg.code == "reset":
+                return "reset"
+            if msg.req:
+                self._reject(msg.req, error_from(msg.code, msg.message))
+            else:
+                log.error("dispatcher error: %s: %s", msg.code, msg.message)
+        elif t is wire.Welcome:
+            self._on_welcome(sock)
+            return "welcome"
+        return None
+
+    def _on_welcome(self, sock: zmq.Socket) -> None:
+        """A (re)established session: reopen subscriptions, resend unconfirmed work."""
+        if not self._welcome.done():
+            self._welcome.set_result(True)
+        for sub in self._subs.values():
+            if sub.backlog:  # it was open in an earlier session
+                req = next(self._reqs)
+                self._pending[req] = (Future(), None)
+                sub.settle.clear()
+                sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog)))
+        for req, (_, cmd, _) in list(self._publishes.items()):
+            sock.send(wire.encode(cmd))
+
+    def _send_work(self, sock: zmq.Socket) -> bool:
+        # Waiters present now had their work queued before this pass: it sends it all.
+        waiters = [self._flush_waiters.popleft() for _ in range(len(self._flush_waiters))]
+        sent = False
+        singles: dict[str, tuple[list, list[Future]]] = {}
+        while self._out:
+            cmd, fut = self._out.popleft()
+            if type(cmd) is tuple and cmd[0] == "pub1":
+                items, futs = singles.setdefault(cmd[1], ([], []))
+                items.append(cmd[2])
+                futs.append(fut)
+                continue
+            if callable(cmd):
+                req = next(self._reqs)
+                cmd = cmd(req)
+                if type(cmd) is wire.Publish:
+                    self._publishes[req] = (fut, cmd, None)
+                else:
+                    self._pending[req] = (fut, cmd)
+            sock.send(wire.encode(cmd))
+            sent = True
+        for topic, (items, futs) in singles.items():
+            for i in range(0, len(items), limits.PUBLISH_BATCH_MAX):
+                req = next(self._reqs)
+                cmd = wire.Publish(req, topic, items[i : i + limits.PUBLISH_BATCH_MAX])
+                self._publishes[req] = (Future(), cmd, futs[i : i + limits.PUBLISH_BATCH_MAX])
+                sock.send(wire.encode(cmd))
+                sent = True
+        for sub in list(self._subs.values()):
+            if sub.settle:
+                sent |= self._send_settles(sock, sub)
+        for fut in waiters:
+            fut.set_result(None)
+        return sent
+
+    def _send_settles(self, sock: zmq.Socket, sub: Subscription) -> bool:
+        by_op: dict[str, list[int]] = {}
+        while sub.settle:
+            op, bookmark, generation = sub.settle.popleft()
+            if generation == self.generation:
+                by_op.setdefault(op, []).append(bookmark)
+        kinds = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
+        for op, bookmarks in by_op.items():
+            sock.send(wire.encode(kinds[op](sub.sub_id, bookmarks)))
+        return bool(by_op)
+
+    def _resolve(self, req: int, value: Any) -> None:
+        entry = self._publishes.pop(req, None)
+        if entry is not None:
+            fut, _, singles = entry
+            if singles is not None:
+                for f, bm in zip(singles, value):
+                    f.set_result(bm)
+            elif fut is not None and not fut.done():
+                fut.set_result(value)
+            return
+        pending = self._pending.pop(req, None)
+        if pending is not None and pending[0] is not None and not pending[0].done():
+            pending[0].set_result(value)
+
+    def _reject(self, req: int, exc: BaseException) -> None:
+        entry = self._publishes.pop(req, None)
+        if entry is not None:
+            fut, _, singles = entry
+            for f in singles or [fut]:
+                if f is not None and not f.done():
+                    f.set_exception(exc)
+            return
+        pending = self._pending.pop(req, None)
+        if pending is not None and pending[0] is not None and not pending[0].done():
+            pending[0].set_exception(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for req in list(self._publishes):
+            self._reject(req, exc)
+        for req in list(self._pending):
+            self._reject(req, exc)
+        while self._out:
+            cmd, fut = self._out.popleft()
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+        if not self._welcome.done():
+            self._welcome.set_exception(exc)
+        while self._flush_waiters:
+            self._flush_waiters.popleft().set_exception(exc)
+
+
+def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
+    for _ in range(limit):
+        try:
+            yield sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def _item(
+    data: bytes | str, group: str | None, priority: int | None, msg_id: str | None, headers: dict[str, str] | None
+) -> tuple[bytes, dict[str, str], str | None]:
+    payload = data.encode() if isinstance(data, str) else bytes(data)
+    h = dict(headers) if headers else {}
+    if group is not None:
+        h["group"] = str(group)
+    if priority is not None:
+        h["priority"] = str(int(priority))
+    return (payload, h, msg_id)
+
+
+def connect(endpoint: str | None = None, **kw: Any) -> Client:
+    """Connect to a dispatcher (default: ``$ZQ_ENDPOINT`` or ``tcp://127.0.0.1:7780``)."""
+    from zq.config import DEFAULT_ENDPOINT
+
+    return Client(endpoint or os.environ.get("ZQ_ENDPOINT") or DEFAULT_ENDPOINT, **kw)

@@ -1,0 +1,170 @@
+"""``zq.toml``: typed with msgspec; durations and sizes are strings with units.
+
+A bad file fails at start with a message naming the key (``$.queue[0].lease``).
+With no file at all, ``Config()`` is the embedded default of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+from zq.core import limits
+from zq.core.errors import ConfigError
+from zq.core.settings import QueueSettings
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7780"
+DEFAULT_DATA = "./zq-data"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB)?\s*$")
+_SIZE_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+               "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def duration_ms(text: str | int, key: str) -> int:
+    """'30s' -> 30000. A bare integer is taken as milliseconds."""
+    if isinstance(text, int):
+        return text
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"{key}: {text!r} is not a duration (use e.g. '500ms', '30s', '5m', '1h', '7d')")
+    return int(float(m.group(1)) * _DURATION_MS[m.group(2)])
+
+
+def size_bytes(text: str | int, key: str) -> int:
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise ConfigError(f"{key}: {text!r} is not a size (use e.g. '64KiB', '16MiB')")
+    return int(m.group(1)) * _SIZE_BYTES[m.group(2)]
+
+
+class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    data: str = DEFAULT_DATA
+    bind: list[str] = msgspec.field(default_factory=lambda: [DEFAULT_ENDPOINT])
+    durability: str = "batch"
+    fsync_interval: str = "1s"
+    auto_queues: bool = True
+    heartbeat: str = "1s"
+    heartbeat_liveness: int = 3  # missed heartbeats before a peer is declared dead
+    retention: str = "7d"
+    max_message_size: str = "16MiB"
+    metrics: str | None = None
+
+
+class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    topics: str | None = None
+    publish_to: str | None = None
+    semantics: str = "at-least-once"
+    fairness: str | None = None
+    lease: str = "30s"
+    max_per_subscription_backlog: int = 100
+    max_cancels: int = 0
+    max_deliveries: int = 20
+    expiration: str | None = None
+    dead_letter: str | None = None
+    group_header: str | None = "group"
+    group_policy: str = "sequenced"
+    max_groups: int = limits.GROUPS_PER_QUEUE_MAX
+    allow_ack_unleased: bool = False
+
+
+class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
+    server: ServerSection = msgspec.field(default_factory=ServerSection)
+    queue: list[QueueSection] = msgspec.field(default_factory=list)
+
+
+class Config(msgspec.Struct, kw_only=True):
+    """The resolved configuration: integers with units in the names."""
+
+    data: str = DEFAULT_DATA
+    bind: list[str] = msgspec.field(default_factory=lambda: [DEFAULT_ENDPOINT])
+    durability: str = "batch"
+    fsync_interval_ms: int = 1000
+    auto_queues: bool = True
+    heartbeat_ms: int = 1000
+    heartbeat_liveness: int = 3
+    retention_ms: int = 7 * 86_400_000
+    max_message_bytes: int = limits.MESSAGE_BYTES_MAX
+    metrics: str | None = None
+    queues: list[QueueSettings] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Config":
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config") -> "Config":
+        try:
+            fc = msgspec.convert(raw, FileConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        s = fc.server
+        if s.durability not in ("fsync", "batch", "none"):
+            raise ConfigError(f"{source}: server.durability must be fsync, batch or none, got {s.durability!r}")
+        if not s.bind:
+            raise ConfigError(f"{source}: server.bind needs at least one endpoint")
+        cfg = cls(
+            data=s.data,
+            bind=list(s.bind),
+            durability=s.durability,
+            fsync_interval_ms=duration_ms(s.fsync_interval, "server.fsync_interval"),
+            auto_queues=s.auto_queues,
+            heartbeat_ms=duration_ms(s.heartbeat, "server.heartbeat"),
+            heartbeat_liveness=s.heartbeat_liveness,
+            retention_ms=duration_ms(s.retention, "server.retention"),
+            max_message_bytes=size_bytes(s.max_message_size, "server.max_message_size"),
+            metrics=s.metrics,
+            queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
+        )
+        names = [q.name for q in cfg.queues]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"{source}: queue names must be unique, repeated: {dupes}")
+        if cfg.heartbeat_ms <= 0 or cfg.heartbeat_liveness < 2:
+            raise ConfigError(f"{source}: server.heartbeat must be positive and heartbeat_liveness at least 2")
+        if not 0 < cfg.max_message_bytes <= limits.MESSAGE_BYTES_MAX:
+            raise ConfigError(f"{source}: server.max_message_size must be 1B..{limits.MESSAGE_BYTES_MAX}B")
+        return cfg
+
+
+def queue_settings(q: QueueSection, where: str) -> QueueSettings:
+    try:
+        if q.topics is not None:
+            re.compile(q.topics)
+    except re.error as exc:
+        raise ConfigError(f"{where}.topics: bad regex {q.topics!r}: {exc}") from None
+    settings = QueueSettings(
+        name=q.name,
+        topics=q.topics,
+        publish_to=q.publish_to,
+        semantics=q.semantics,
+        fairness=q.fairness,
+        lease_ms=duration_ms(q.lease, f"{where}.lease"),
+        max_per_subscription_backlog=q.max_per_subscription_backlog,
+        max_cancels=q.max_cancels,
+        max_deliveries=q.max_deliveries,
+        expiration_ms=duration_ms(q.expiration, f"{where}.expiration") if q.expiration else 0,
+        dead_letter=q.dead_letter,
+        group_header=q.group_header or None,
+        group_policy=q.group_policy,
+        max_groups=q.max_groups,
+        allow_ack_unleased=q.allow_ack_unleased,
+    )
+    try:
+        return settings.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,135 @@
+"""``zq demo``: an embedded dispatcher, a publisher and a fleet of worker processes.
+
+The workers are real processes (``python -m zq.demo worker ...``) talking ZeroMQ over
+loopback to the dispatcher, which runs on a thread of this process with its journal
+in a temporary directory. The summary comes from the dispatcher's own stats.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from zq.client import Client
+from zq.config import Config
+from zq.server import Dispatcher
+
+QUEUE = "demo.jobs"
+CUSTOMERS = 50
+
+
+def run_demo(*, messages: int, workers: int, backlog: int, fail_rate: float, data: str | None) -> int:
+    console = Console(stderr=False)
+    tmp = None if data else tempfile.mkdtemp(prefix="zq-demo-")
+    config = Config(data=data or tmp, bind=["tcp://127.0.0.1:0"], heartbeat_ms=500)
+    dispatcher = Dispatcher(config).start()
+    procs: list[subprocess.Popen] = []
+    try:
+        console.print(f"[bold]zq demo[/]: dispatcher on {dispatcher.endpoint}, journal in {config.data}")
+        for i in range(workers):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "zq.demo", "worker", dispatcher.endpoint, f"worker-{i + 1}", str(backlog), str(fail_rate)],
+            ))
+        with Client(dispatcher.inproc, name="demo-publisher") as client:
+            wait_for_workers(client, workers)
+            elapsed = publish_and_watch(console, client, messages)
+            st = client.stats()
+        summary(console, st, messages, elapsed)
+        return 0
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        dispatcher.stop()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def wait_for_workers(client: Client, workers: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = client.stats()["queues"].get(QUEUE)
+        if q and len(q["consumers"]) >= workers:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"zq demo: only some of the {workers} workers subscribed within {timeout}s")
+
+
+def publish_and_watch(console: Console, client: Client, messages: int) -> float:
+    rng = random.Random(42)
+    start = time.monotonic()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        published = progress.add_task("published", total=messages)
+        acked = progress.add_task("acked    ", total=messages)
+        futures = []
+        for i in range(messages):
+            futures.append(client.publish_async(QUEUE, f"job {i}".encode(), group=f"customer-{rng.randrange(CUSTOMERS)}"))
+            if i % 512 == 511:
+                progress.update(published, completed=sum(f.done() for f in futures))
+                progress.update(acked, completed=client.stats()["queues"][QUEUE]["acked"])
+        for f in futures:
+            f.result(60)
+        progress.update(published, completed=messages)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = client.stats()["queues"][QUEUE]["acked"]
+            progress.update(acked, completed=done)
+            if done >= messages:
+                break
+            time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def summary(console: Console, st: dict, messages: int, elapsed: float) -> None:
+    q = st["queues"][QUEUE]
+    table = Table(title="zq demo: summary", title_justify="left")
+    table.add_column("worker")
+    table.add_column("acked", justify="right")
+    table.add_column("share", justify="right")
+    total = sum(c["acked"] for c in q["consumers"]) or 1
+    for c in sorted(q["consumers"], key=lambda c: c.get("name", "")):
+        table.add_row(c.get("name") or c["consumer"], str(c["acked"]), f"{100 * c['acked'] / total:.1f}%")
+    console.print(table)
+    console.print(
+        f"messages {messages}, acked {q['acked']}, in {elapsed:.2f}s = {q['acked'] / elapsed:,.0f} msgs/s end to end; "
+        f"redeliveries {q['redelivered']} (cancelled {q['cancelled']}), dead-lettered {q['dead_lettered']}, "
+        f"groups kept in order: {CUSTOMERS} customers, sequenced"
+    )
+
+
+def worker(endpoint: str, name: str, backlog: int, fail_rate: float) -> None:
+    """A demo worker: 'processes' each job, cancels a few to show redelivery."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    rng = random.Random(name)
+    with Client(endpoint, name=name) as client, client.subscribe(QUEUE, max_backlog=backlog) as sub:
+        while not stop:
+            msg = sub.get(timeout=0.2)
+            if msg is None:
+                continue
+            if msg.deliveries == 1 and rng.random() < fail_rate:
+                msg.cancel()
+            else:
+                msg.ack()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+    else:
+        sys.exit("usage: python -m zq.demo worker ENDPOINT NAME BACKLOG FAIL_RATE")

@@ -1,0 +1,445 @@
+"""The ROUTER adapter: sockets and disk around the sans-IO engine.
+
+One loop iteration (ANCHORS rule 3):
+
+1. ``poll`` once (the timeout is the engine's next deadline or the next heartbeat);
+2. ``recv(NOBLOCK)`` until nothing is left, at most ``FRAMES_PER_ITERATION``, feeding
+   each frame to the engine; replies are *held*;
+3. ``advance`` and ``drain`` the engine; append its records and commit once;
+4. only then send the held replies (publish confirmations) and the deliveries.
+
+Peer misbehaviour never raises out of the loop: a frame that does not decode, a
+command out of order, an unknown queue or an oversized message each get an ``Error``
+reply naming the problem, and the loop goes on serving everyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from zq import wire
+from zq.config import Config
+from zq.core import limits
+from zq.core.engine import Engine, check_message
+from zq.core.errors import JournalError, LimitError, NotSupportedError, ProtocolError, ZqError
+from zq.journal.base import recover_engine
+from zq.journal.lmdb_journal import LmdbJournal
+
+log = logging.getLogger("zq.server")
+
+FRAMES_PER_ITERATION = 1000
+RETENTION_INTERVAL_MS = 10_000
+SERVER_NAME = "zq/0.1.0"
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Peer:
+    peer_id: bytes
+    name: str
+    last_heard_ms: int
+    subs: set[str] = field(default_factory=set)  # client sub ids
+
+    @property
+    def consumer(self) -> str:
+        return self.peer_id.hex()
+
+
+class Server:
+    """A dispatcher bound to its endpoints; ``run()`` serves until ``stop()``."""
+
+    def __init__(self, config: Config, *, context: zmq.Context | None = None) -> None:
+        self.config = config
+        self.ctx = context or zmq.Context.instance()
+        self.journal = LmdbJournal(config.data, durability=config.durability, fsync_interval_ms=config.fsync_interval_ms)
+        self.engine: Engine = recover_engine(self.journal, config.queues, auto_queues=config.auto_queues)
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_ms)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_ms * config.heartbeat_liveness)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes + 65_536)
+        self.endpoints: list[str] = []
+        try:
+            for ep in config.bind:
+                self.sock.bind(ep)
+                self.endpoints.append(self.sock.getsockopt_string(zmq.LAST_ENDPOINT) or ep)
+        except zmq.ZMQError as exc:
+            self.sock.close(0)
+            self.journal.close()
+            raise ZqError(f"cannot bind {ep}: {exc}") from None
+        self.peers: dict[bytes, Peer] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.wake_r, zmq.POLLIN)
+        self.stopping = threading.Event()
+        self.started_ms = wall_ms()
+        self.next_heartbeat_ms = 0
+        self.next_retention_ms = self.started_ms + RETENTION_INTERVAL_MS
+        self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
+        self.frames_in = 0
+        self.closed = False
+
+    # ----------------------------------------------------------- lifecycle
+
+    def stop(self) -> None:
+        """Ask the loop to finish (thread- and signal-safe)."""
+        self.stopping.set()
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                self.iteration()
+            self.iteration(poll=False)  # commit and send whatever is in hand
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.sock.close(linger=500)
+        self.journal.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    # ----------------------------------------------------------- the loop
+
+    def poll_timeout_ms(self, now: int) -> int:
+        deadline = self.next_heartbeat_ms
+        d = self.engine.next_deadline_ms()
+        if d is not None:
+            deadline = min(deadline, d)
+        return max(0, min(deadline - now, 1000))
+
+    def iteration(self, poll: bool = True) -> None:
+        now = wall_ms()
+        if poll:
+            ready = dict(self.poller.poll(self.poll_timeout_ms(now)))
+            if self.wake_r in ready:
+                try:
+                    os.read(self.wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            now = wall_ms()
+        self.receive_all(now)
+        self.engine.advance(now)
+        out = self.engine.drain(now)
+        self.journal.append(out.records)
+        try:
+            self.journal.commit(now)
+        except JournalError as exc:
+            self.journal_failed(exc)
+            return
+        held, self.held = self.held, []
+        for peer_id, frame in held:
+            self.send(peer_id, frame)
+        for d in out.deliveries:
+            self.deliver(d)
+        if now >= self.next_heartbeat_ms:
+            self.heartbeat(now)
+        if now >= self.next_retention_ms:
+            self.retention(now)
+
+    def receive_all(self, now: int) -> None:
+        sock = self.sock
+        for _ in range(FRAMES_PER_ITERATION):
+            try:
+                peer_id = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            body = sock.recv() if sock.getsockopt(zmq.RCVMORE) else b""
+            extra = 0
+            while sock.getsockopt(zmq.RCVMORE):
+                sock.recv()
+                extra += 1
+            self.frames_in += 1
+            if extra:
+                self.reply(peer_id, wire.Error(0, ProtocolError.code, f"expected one body frame, got {extra + 1}"))
+                continue
+            self.receive(peer_id, body, now)
+
+    def receive(self, peer_id: bytes, body: bytes, now: int) -> None:
+        try:
+            cmd = wire.client_decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {exc}"))
+            return
+        except msgspec.ValidationError as exc:
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {exc}"))
+            return
+        peer = self.peers.get(peer_id)
+        if peer is None and type(cmd) is not wire.Hello:
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), ProtocolError.code, "say HELLO first"))
+            return
+        if peer is not None:
+            peer.last_heard_ms = now  # any frame counts as a heartbeat
+        try:
+            self.dispatch_command(peer_id, peer, cmd, now)
+        except ZqError as exc:
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)))
+
+    def dispatch_command(self, peer_id: bytes, peer: Peer | None, cmd: object, now: int) -> None:
+        t = type(cmd)
+        if t is wire.Ack:
+            self.on_settle(peer, cmd, "ack", self.engine.ack, now)  # type: ignore[arg-type]
+        elif t is wire.Publish:
+            self.on_publish(peer_id, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.Heartbeat:
+            pass
+        elif t is wire.Hello:
+            self.on_hello(peer_id, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.Subscribe:
+            self.on_subscribe(peer, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.Cancel:
+            self.on_settle(peer, cmd, "cancel", self.engine.cancel, now)  # type: ignore[arg-type]
+        elif t is wire.Expire:
+            self.on_settle(peer, cmd, "expire", self.engine.expire, now)  # type: ignore[arg-type]
+        elif t is wire.Extend:
+            self.on_extend(peer, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.Unsubscribe:
+            self.on_unsubscribe(peer, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.Bye:
+            self.drop_peer(peer_id, now)
+        elif t is wire.Stats:
+            self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))  # type: ignore[attr-defined]
+        elif t is wire.Peek:
+            self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit)))  # type: ignore[attr-defined]
+        elif t is wire.Queues:
+            self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
+        else:  # pragma: no cover - the decoder only yields the types above
+            raise ProtocolError(f"unexpected command {t.__name__}")
+
+    # ----------------------------------------------------------- commands
+
+    def on_hello(self, peer_id: bytes, cmd: wire.Hello, now: int) -> None:
+        if cmd.version != wire.PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {cmd.version} not supported (server speaks {wire.PROTOCOL_VERSION})")
+        if peer_id in self.peers:
+            self.drop_peer(peer_id, now)  # a second HELLO restarts the session
+        self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
+        self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms, self.config.max_message_bytes))
+
+    def on_publish(self, peer_id: bytes, cmd: wire.Publish, now: int) -> None:
+        if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
+            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
+        for payload, headers, _ in cmd.messages:  # refuse the whole batch before journaling any of it
+            if len(payload) > self.config.max_message_bytes:
+                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {self.config.max_message_bytes}")
+            check_message(self.engine.resolve_topic(cmd.topic), payload, headers)
+        publish = self.engine.publish
+        bookmarks = [publish(cmd.topic, payload, headers, now, msg_id) for payload, headers, msg_id in cmd.messages]
+        self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
+
+    def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
+        if cmd.filter:
+            raise NotSupportedError("subscription filters arrive with the expression language; not supported yet")
+        if cmd.sub in peer.subs:
+            raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
+        backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now)
+        peer.subs.add(cmd.sub)
+        self.reply(peer.peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
+
+    def on_unsubscribe(self, peer: Peer, cmd: wire.Unsubscribe, now: int) -> None:
+        if cmd.sub not in peer.subs:
+            raise ProtocolError(f"no subscription {cmd.sub!r} on this connection")
+        peer.subs.discard(cmd.sub)
+        self.engine.unsubscribe(self.sub_key(peer, cmd.sub), now)
+        self.reply(peer.peer_id, wire.Reply(cmd.req, None))
+
+    def on_settle(self, peer: Peer, cmd: wire.Ack, op: str, action, now: int) -> None:  # type: ignore[no-untyped-def]
+        if cmd.sub not in peer.subs:
+            self.reply(peer.peer_id, wire.Refused(cmd.sub, op, cmd.bookmarks, "unknown-subscription"))
+            return
+        refused = action(self.sub_key(peer, cmd.sub), cmd.bookmarks, now)
+        if refused:
+            self.reply(peer.peer_id, wire.Refused(cmd.sub, op, refused, "not-leased"))
+
+    def on_extend(self, peer: Peer, cmd: wire.Extend, now: int) -> None:
+        if cmd.sub not in peer.subs:
+            self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", cmd.bookmarks, "unknown-subscription"))
+            return
+        refused = self.engine.extend(self.sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
+        if refused:
+            self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
+
+    @staticmethod
+    def sub_key(peer: Peer, sub: str) -> str:
+        return f"{peer.consumer}/{sub}"
+
+    # ----------------------------------------------------------- sending
+
+    def reply(self, peer_id: bytes, msg: object) -> None:
+        self.held.append((peer_id, wire.encode(msg)))
+
+    def send(self, peer_id: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send(peer_id, zmq.SNDMORE | zmq.NOBLOCK)
+            self.sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self.drop_peer(peer_id, wall_ms())  # gone: its leases break now
+            elif exc.errno == zmq.EAGAIN:
+                log.warning("peer %s is not reading (send queue full); dropping it", peer_id.hex())
+                self.drop_peer(peer_id, wall_ms())
+            else:
+                raise
+            return False
+
+    def deliver(self, d) -> None:  # type: ignore[no-untyped-def]
+        consumer, _, sub = d.sub_id.partition("/")
+        peer_id = bytes.fromhex(consumer)
+        records = self.journal.get_messages(d.seqs)
+        batch = limits.DELIVER_BATCH_MAX
+        for i in range(0, len(records), batch):
+            msgs = [
+                wire.Delivery(r.seq, r.topic, r.headers, r.payload, n, r.ts_ms)
+                for r, n in zip(records[i : i + batch], d.deliveries[i : i + batch])
+            ]
+            if not self.send(peer_id, wire.encode(wire.Deliver(sub, msgs))):
+                return
+
+    def heartbeat(self, now: int) -> None:
+        self.next_heartbeat_ms = now + self.config.heartbeat_ms
+        dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
+        for peer_id, peer in list(self.peers.items()):
+            if now - peer.last_heard_ms > dead_after:
+                log.info("peer %s (%s) silent for %d ms: declared dead", peer.consumer, peer.name, now - peer.last_heard_ms)
+                self.drop_peer(peer_id, now)
+            else:
+                self.send(peer_id, wire.HEARTBEAT_FRAME)
+
+    def drop_peer(self, peer_id: bytes, now: int) -> None:
+        peer = self.peers.pop(peer_id, None)
+        if peer is not None:
+            self.engine.disconnect(peer.consumer, now)
+
+    # ----------------------------------------------------------- upkeep
+
+    def retention(self, now: int) -> None:
+        self.next_retention_ms = now + RETENTION_INTERVAL_MS
+        try:
+            self.journal.trim(self.engine.min_recovery_point(), now - self.config.retention_ms)
+            self.journal.reader_check()
+        except JournalError as exc:
+            log.error("retention failed: %s", exc)
+
+    def journal_failed(self, exc: JournalError) -> None:
+        """A commit failed (disk full...): nothing of this iteration is durable.
+
+        Publishers get an error instead of a confirmation; the engine is rebuilt from
+        the journal (what is durable is the truth); every session is reset, so clients
+        say HELLO again and resubscribe.
+        """
+        log.error("journal commit failed: %s", exc)
+        self.journal.staged = []
+        held, self.held = self.held, []
+        for peer_id, frame in held:
+            msg = wire.server_decoder.decode(frame)
+            req = getattr(msg, "req", 0)
+            if req:
+                self.send(peer_id, wire.encode(wire.Error(req, JournalError.code, f"not stored: {exc}")))
+        for peer_id in list(self.peers):
+            self.send(peer_id, wire.encode(wire.Error(0, "reset", "the dispatcher reset its sessions; reconnect")))
+        self.peers.clear()
+        self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
+
+    # ----------------------------------------------------------- views
+
+    def stats(self, now: int) -> dict:
+        st = self.engine.stats()
+        names = {p.consumer: p.name for p in self.peers.values()}
+        for q in st["queues"].values():
+            for c in q["consumers"]:
+                c["name"] = names.get(c["consumer"], "")
+        st["server"] = {
+            "version": SERVER_NAME,
+            "uptime_ms": now - self.started_ms,
+            "durability": self.config.durability,
+            "journal_bytes": self.journal.size_bytes(),
+            "peers": len(self.peers),
+            "frames_in": self.frames_in,
+            "endpoints": self.endpoints,
+        }
+        return st
+
+    def peek(self, queue: str, limit: int) -> list[dict]:
+        limit = max(0, min(limit, 10_000))
+        items = self.engine.peek(queue, limit)
+        records = self.journal.get_messages([seq for seq, _ in items])
+        return [
+            {"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload, "deliveries": d, "ts_ms": r.ts_ms}
+            for r, (_, d) in zip(records, items)
+        ]
+
+    def queue_list(self) -> list[dict]:
+        return [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()]
+
+
+class Dispatcher:
+    """zq embedded in a host process: the server loop on a background thread.
+
+    >>> d = Dispatcher(Config(data=tmp, bind=["tcp://127.0.0.1:0"])).start()  # doctest: +SKIP
+    >>> c = zq.connect(d.inproc)  # doctest: +SKIP
+    """
+
+    _serial = 0
+
+    def __init__(self, config: Config | None = None, *, context: zmq.Context | None = None) -> None:
+        self.config = config or Config()
+        Dispatcher._serial += 1
+        self.inproc = f"inproc://zq-{os.getpid()}-{Dispatcher._serial}"
+        self.ctx = context or zmq.Context.instance()
+        self.server: Server | None = None
+        self.thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, path: str) -> "Dispatcher":
+        return cls(Config.load(path))
+
+    @property
+    def endpoints(self) -> list[str]:
+        assert self.server is not None, "start() the dispatcher first"
+        return self.server.endpoints
+
+    @property
+    def endpoint(self) -> str:
+        """The first non-inproc endpoint (what other processes connect to)."""
+        return next((e for e in self.endpoints if not e.startswith("inproc://")), self.inproc)
+
+    def start(self) -> "Dispatcher":
+        config = msgspec.structs.replace(self.config, bind=[*self.config.bind, self.inproc])
+        self.server = Server(config, context=self.ctx)
+        self.thread = threading.Thread(target=self.server.run, name="zq-dispatcher", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.server is not None and self.thread is not None:
+            self.server.stop()
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                raise RuntimeError("dispatcher thread did not stop in time")
+
+    def __enter__(self) -> "Dispatcher":
+        return self.start() if self.server is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

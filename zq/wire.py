@@ -1,0 +1,163 @@
+"""ZQP/1: the frames between zq clients (DEALER) and the dispatcher (ROUTER).
+
+Every message is exactly one frame from a DEALER (the ROUTER sees ``[peer_id][body]``):
+a msgpack array whose first element is the command tag. Batches travel *inside* the
+body (ANCHORS rule 2): one ``Publish`` carries many messages, one ``Deliver`` many
+deliveries, one ``Ack`` many bookmarks. ``docs/protocol.md`` is the specification;
+this module is its single source of truth in code.
+
+Schema evolution (msgspec rules): append fields with defaults, never reorder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Cmd(msgspec.Struct, array_like=True, gc=False, tag_field="t"):
+    pass
+
+
+# ------------------------------------------------------------ client -> server
+
+
+class Hello(_Cmd, tag="hello"):
+    version: int
+    name: str = ""  # human label, e.g. "host:pid worker-3"
+
+
+class Publish(_Cmd, tag="pub"):
+    """``messages``: [payload, headers, msg_id] each. Confirmed after commit."""
+
+    req: int
+    topic: str
+    messages: list[tuple[bytes, dict[str, str], str | None]]
+
+
+class Subscribe(_Cmd, tag="sub"):
+    req: int
+    sub: str  # client-chosen id, unique per connection
+    queue: str
+    max_backlog: int = 1
+    filter: str | None = None
+
+
+class Unsubscribe(_Cmd, tag="unsub"):
+    req: int
+    sub: str
+
+
+class Ack(_Cmd, tag="ack"):
+    sub: str
+    bookmarks: list[int]
+
+
+class Cancel(_Cmd, tag="cancel"):
+    sub: str
+    bookmarks: list[int]
+
+
+class Expire(_Cmd, tag="expire"):
+    sub: str
+    bookmarks: list[int]
+
+
+class Extend(_Cmd, tag="extend"):
+    sub: str
+    bookmarks: list[int]
+    ms: int
+
+
+class Heartbeat(_Cmd, tag="hb"):
+    pass
+
+
+class Bye(_Cmd, tag="bye"):
+    pass
+
+
+class Stats(_Cmd, tag="stats"):
+    req: int
+
+
+class Peek(_Cmd, tag="peek"):
+    req: int
+    queue: str
+    limit: int = 100
+
+
+class Queues(_Cmd, tag="queues"):
+    req: int
+
+
+ClientCommand = Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
+
+
+# ------------------------------------------------------------ server -> client
+
+
+class Welcome(_Cmd, tag="welcome"):
+    version: int
+    server: str
+    heartbeat_ms: int
+    max_message_bytes: int
+
+
+class Confirm(_Cmd, tag="confirm"):
+    req: int
+    bookmarks: list[int]
+
+
+class Subscribed(_Cmd, tag="subscribed"):
+    req: int
+    sub: str
+    backlog: int
+
+
+class Delivery(msgspec.Struct, array_like=True, gc=False):
+    bookmark: int
+    topic: str
+    headers: dict[str, str]
+    payload: bytes
+    deliveries: int
+    ts_ms: int = 0
+
+
+class Deliver(_Cmd, tag="deliver"):
+    sub: str
+    messages: list[Delivery]
+
+
+class Refused(_Cmd, tag="refused"):
+    """Bookmarks of an ack / cancel / expire / extend that were not applied."""
+
+    sub: str
+    op: str
+    bookmarks: list[int]
+    reason: str
+
+
+class Reply(_Cmd, tag="reply"):
+    req: int
+    data: Any
+
+
+class Error(_Cmd, tag="error"):
+    req: int  # 0 when the failing frame carried no request id
+    code: str
+    message: str
+
+
+ServerCommand = Welcome | Confirm | Subscribed | Deliver | Refused | Reply | Error | Heartbeat
+
+
+client_decoder = msgspec.msgpack.Decoder(ClientCommand)
+server_decoder = msgspec.msgpack.Decoder(ServerCommand)
+encoder = msgspec.msgpack.Encoder()
+encode = encoder.encode
+
+HEARTBEAT_FRAME = encode(Heartbeat())
