@@ -10,6 +10,7 @@
 
 __version__ = "0.1.0"
 
+from zq import aio
 from zq.client import Client, ConnectionLost, Message, Subscription, connect
 from zq.config import Config
 from zq.core.errors import (
@@ -39,5 +40,6 @@ __all__ = [
     "UnknownQueueError",
     "ZqError",
     "__version__",
+    "aio",
     "connect",
 ]

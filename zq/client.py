@@ -249,10 +249,9 @@ class Client:
         """Publish a batch (one frame per ``PUBLISH_BATCH_MAX``); returns the bookmarks."""
         self._check_open()
         items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
-        futures = []
-        for i in range(0, len(items), limits.PUBLISH_BATCH_MAX):
-            chunk = items[i : i + limits.PUBLISH_BATCH_MAX]
-            futures.append(self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False))
+        futures = [
+            self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)
+        ]
         out: list[int] = []
         for f in futures:
             out.extend(f.result(timeout))
@@ -437,7 +436,8 @@ class Client:
                 sub.refused += len(msg.bookmarks)
             log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
         elif t is wire.Error:
-            if msg.code == "reset":
+            if msg.code in wire.SESSION_ENDING:
+                log.warning("dispatcher ended our session (%s): reconnecting", msg.message)
                 return "reset"
             if msg.req:
                 self._reject(msg.req, error_from(msg.code, msg.message))
@@ -483,10 +483,12 @@ class Client:
             sock.send(wire.encode(cmd))
             sent = True
         for topic, (items, futs) in singles.items():
-            for i in range(0, len(items), limits.PUBLISH_BATCH_MAX):
+            start = 0
+            for chunk in _chunks(items):
                 req = next(self._reqs)
-                cmd = wire.Publish(req, topic, items[i : i + limits.PUBLISH_BATCH_MAX])
-                self._publishes[req] = (Future(), cmd, futs[i : i + limits.PUBLISH_BATCH_MAX])
+                cmd = wire.Publish(req, topic, chunk)
+                self._publishes[req] = (Future(), cmd, futs[start : start + len(chunk)])
+                start += len(chunk)
                 sock.send(wire.encode(cmd))
                 sent = True
         for sub in list(self._subs.values()):
@@ -546,6 +548,20 @@ class Client:
             self._welcome.set_exception(exc)
         while self._flush_waiters:
             self._flush_waiters.popleft().set_exception(exc)
+
+
+def _chunks(items: list) -> Iterator[list]:
+    """Publish batches of at most PUBLISH_BATCH_MAX messages and about PUBLISH_BATCH_BYTES."""
+    chunk: list = []
+    size = 0
+    for item in items:
+        if chunk and (len(chunk) >= limits.PUBLISH_BATCH_MAX or size + len(item[0]) > limits.PUBLISH_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item[0])
+    if chunk:
+        yield chunk
 
 
 def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:

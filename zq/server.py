@@ -68,7 +68,9 @@ class Server:
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_ms)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_ms * config.heartbeat_liveness)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes + 65_536)
+        # Frames up to twice the message limit are read and refused with an error
+        # naming the limit; only absurd ones are cut off by libzmq (connection closed).
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max(limits.FRAME_BYTES_MAX, 2 * config.max_message_bytes))
         self.endpoints: list[str] = []
         try:
             for ep in config.bind:
@@ -178,15 +180,16 @@ class Server:
     def receive(self, peer_id: bytes, body: bytes, now: int) -> None:
         try:
             cmd = wire.client_decoder.decode(body)
+        except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {exc}"))
+            return
         except msgspec.DecodeError as exc:
             self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {exc}"))
             return
-        except msgspec.ValidationError as exc:
-            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {exc}"))
-            return
         peer = self.peers.get(peer_id)
         if peer is None and type(cmd) is not wire.Hello:
-            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), ProtocolError.code, "say HELLO first"))
+            # Unknown here: never said HELLO, or its session died with an earlier server.
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION, "no session: say HELLO first"))
             return
         if peer is not None:
             peer.last_heard_ms = now  # any frame counts as a heartbeat
@@ -357,7 +360,7 @@ class Server:
             if req:
                 self.send(peer_id, wire.encode(wire.Error(req, JournalError.code, f"not stored: {exc}")))
         for peer_id in list(self.peers):
-            self.send(peer_id, wire.encode(wire.Error(0, "reset", "the dispatcher reset its sessions; reconnect")))
+            self.send(peer_id, wire.encode(wire.Error(0, wire.RESET, "the dispatcher reset its sessions; reconnect")))
         self.peers.clear()
         self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
 

@@ -13,10 +13,13 @@ GROUPS_PER_QUEUE_MAX = 10_000_000  # configurable per queue: max_groups
 SUBSCRIPTIONS_MAX = 100_000
 DELIVERIES_MAX = 0xFFFF  # delivery and cancel counters are packed into 16 bits
 PUBLISH_BATCH_MAX = 4096  # messages in one publish frame
+FRAME_BYTES_MAX = 64 * 1024 * 1024  # transport cap: bigger frames close the connection (libzmq)
+PUBLISH_BATCH_BYTES = 8 * 1024 * 1024  # clients split publish batches at about this many bytes
 ACK_BATCH_MAX = 65_536  # bookmarks in one ack frame
 DELIVER_BATCH_MAX = 256  # messages in one deliver frame
 RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journaled
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX
+assert MESSAGE_BYTES_MAX < FRAME_BYTES_MAX // 2  # an oversized message still gets an error reply
 assert DELIVERIES_MAX < 1 << 16

@@ -1,0 +1,95 @@
+"""Real processes for end-to-end tests: a `zq serve`, worker processes, bounded waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.01, what: str = "condition"):
+    """Poll ``predicate`` until truthy; fail clearly when ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ServerProcess:
+    """`zq serve` in its own process, on an ipc endpoint inside ``data_dir``."""
+
+    def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.endpoint = f"ipc://{data_dir}/zq.sock"
+        self.extra = list(extra)
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "zq.cli", "serve", "--data", str(self.data_dir / "journal"), "--bind", self.endpoint]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        self.proc = subprocess.Popen(cmd + self.extra, env=env(), stderr=subprocess.PIPE, text=True)
+        from zq.client import Client
+
+        c = Client(self.endpoint, connect_timeout=20)  # ready when it answers HELLO
+        c.close()
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self) -> str:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+class WorkerProcess:
+    """``python -m tests.adapters.worker_proc``: acks what it gets, logs it to a file."""
+
+    def __init__(self, endpoint: str, queue: str, log: Path, backlog: int = 16, mode: str = "ack") -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.adapters.worker_proc", endpoint, queue, str(log), str(backlog), mode],
+            env=env(), cwd=ROOT,
+        )
+
+    def lines(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [line.split() for line in self.log.read_text().splitlines() if line.endswith(" done")]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)

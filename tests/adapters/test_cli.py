@@ -1,0 +1,130 @@
+"""Every CLI command, run as a user runs it: a real `zq` process against a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zq.client import Client
+
+from .support import ROOT, ServerProcess, env, wait_until
+
+
+def zq(*args: str, input: str | None = None, timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zq.cli", *args], input=input, capture_output=True, text=True,
+        timeout=timeout, env={**env(), **extra_env}, cwd=ROOT,
+    )
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = ServerProcess(tmp_path).start()
+    yield s
+    s.terminate()
+
+
+def test_help_explains_every_command():
+    out = zq("--help").stdout
+    for cmd in ("serve", "publish", "consume", "stats", "peek", "demo"):
+        assert cmd in out
+    assert "--exec" in zq("consume", "--help").stdout
+
+
+def test_publish_then_consume_delivers_it_as_a_json_line(server):
+    pub = zq("publish", "jobs", "hello", "--endpoint", server.endpoint, "--group", "g1", "--header", "k=v")
+    assert pub.returncode == 0, pub.stderr
+    bookmark = int(pub.stdout)
+    out = zq("consume", "jobs", "--count", "1", ZQ_ENDPOINT=server.endpoint)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc == {"bookmark": bookmark, "topic": "jobs", "headers": {"k": "v", "group": "g1"}, "group": "g1",
+                   "deliveries": 1, "data": "hello"}
+
+
+def test_publish_reads_stdin_lines_and_consume_stops_when_idle(server):
+    pub = zq("publish", "lines", "--endpoint", server.endpoint, input="a\nb\nc\n")
+    assert [int(x) for x in pub.stdout.split()] == sorted(int(x) for x in pub.stdout.split())
+    assert len(pub.stdout.split()) == 3
+    out = zq("consume", "lines", "--endpoint", server.endpoint, "--timeout", "1")
+    assert [json.loads(line)["data"] for line in out.stdout.splitlines()] == ["a", "b", "c"]
+
+
+def test_binary_payloads_come_out_as_base64(server):
+    with Client(server.endpoint) as c:
+        c.publish("bin", b"\xff\x00\xfe")
+    doc = json.loads(zq("consume", "bin", "--endpoint", server.endpoint, "--count", "1").stdout)
+    assert (doc["data"], doc["encoding"]) == ("/wD+", "base64")
+
+
+def test_exec_acks_on_exit_zero_and_cancels_otherwise(server, tmp_path):
+    out_file = tmp_path / "out.txt"
+    with Client(server.endpoint) as c:
+        c.publish_many("work", ["one", "two", "three", "fail"])
+    script = f'read -r line; if [ "$line" = fail ] && [ "$ZQ_DELIVERIES" = 1 ]; then exit 3; fi; echo "$line $ZQ_DELIVERIES" >> {out_file}'
+    run = zq("consume", "work", "--endpoint", server.endpoint, "--exec", script, "--concurrency", "2", "--count", "5")
+    assert run.returncode == 0, run.stderr
+    lines = sorted(out_file.read_text().split("\n")[:-1])
+    assert lines == ["fail 2", "one 1", "three 1", "two 1"]
+    with Client(server.endpoint) as c:
+        st = c.stats()["queues"]["work"]
+    assert (st["acked"], st["cancelled"], st["depth"]) == (4, 1, 0)
+
+
+def test_stats_and_peek_show_the_queue(server):
+    with Client(server.endpoint) as c:
+        c.publish_many("shown", ["x", "y"])
+    st = json.loads(zq("stats", "--json", "--endpoint", server.endpoint).stdout)
+    assert st["queues"]["shown"]["depth"] == 2
+    table = zq("stats", "--endpoint", server.endpoint).stdout
+    assert "shown" in table and "depth" in table
+    peeked = [json.loads(line) for line in zq("peek", "shown", "--endpoint", server.endpoint).stdout.splitlines()]
+    assert [p["data"] for p in peeked] == ["x", "y"]
+    assert json.loads(zq("stats", "--json", "--endpoint", server.endpoint).stdout)["queues"]["shown"]["depth"] == 2
+
+
+def test_client_commands_without_a_server_fail_clearly(tmp_path):
+    run = zq("stats", "--endpoint", f"ipc://{tmp_path}/nobody.sock", timeout=30)
+    assert run.returncode == 3 and "zq serve" in run.stderr
+
+
+def test_a_filter_is_refused_until_the_expression_language_exists(server):
+    run = zq("consume", "jobs", "--endpoint", server.endpoint, "--filter", "/qty > 1", "--count", "1")
+    assert run.returncode == 2 and "not supported yet" in run.stderr
+
+
+def test_serve_with_a_bad_config_names_the_key_and_exits(tmp_path):
+    bad = tmp_path / "zq.toml"
+    bad.write_text('[[queue]]\nname = "jobs"\nlease = "soon"\n')
+    run = zq("serve", "--config", str(bad), "--data", str(tmp_path / "d"), timeout=30)
+    assert run.returncode == 2 and "queue[0].lease" in run.stderr
+    bad.write_text('[server]\ndurabilty = "fsync"\n')
+    run = zq("serve", "--config", str(bad), "--data", str(tmp_path / "d"), timeout=30)
+    assert run.returncode == 2 and "durabilty" in run.stderr
+
+
+def test_serve_uses_a_config_with_groups_and_dead_letters(tmp_path):
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text(
+        '[[queue]]\nname = "orders"\nmax_cancels = 1\ndead_letter = "orders.failed"\ngroup_header = "customer"\n'
+    )
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with Client(server.endpoint) as c:
+            c.publish("orders", "o1", headers={"customer": "c1"})
+            with c.subscribe("orders") as sub:
+                sub.get(5).cancel()
+            wait_until(lambda: c.stats()["queues"].get("orders.failed", {}).get("depth") == 1, what="dead letter")
+            dead = c.peek("orders.failed")[0]
+        assert dead["headers"]["zq.reason"] == "max-cancels" and dead["payload"] == b"o1"
+    finally:
+        server.terminate()
+
+
+def test_demo_runs_a_small_fleet_and_prints_a_summary():
+    run = zq("demo", "--messages", "600", "--workers", "2", timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "summary" in run.stdout and "acked 600" in run.stdout and "worker-2" in run.stdout

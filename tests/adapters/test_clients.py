@@ -1,0 +1,132 @@
+"""The Python API: embedded dispatcher, sync and asyncio clients, reconnects, config."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import zq
+from zq.config import Config, duration_ms, size_bytes
+from zq.core.errors import ConfigError
+
+from .support import ServerProcess, WorkerProcess, wait_until
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"])).start()
+    yield d
+    d.stop()
+
+
+def test_embedded_dispatcher_serves_inproc_and_tcp_at_once(dispatcher):
+    with zq.connect(dispatcher.inproc) as local, zq.connect(dispatcher.endpoint) as remote:
+        bm = local.publish("jobs", b"from inside", group="cust-17", priority=3, msg_id="order-1")
+        with remote.subscribe("jobs", max_backlog=16) as sub:
+            msg = sub.get(5)
+            assert (msg.bookmark, msg.data, msg.group, msg.headers["priority"]) == (bm, b"from inside", "cust-17", "3")
+            msg.ack()
+
+
+def test_lease_operations_from_the_client(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("ops", ["a", "b", "c"])
+        with c.subscribe("ops", max_backlog=3) as sub:
+            a, b, cc = sub.get(5), sub.get(5), sub.get(5)
+            a.extend(60)
+            b.cancel()
+            cc.expire()
+            again = sub.get(5)
+            assert (again.bookmark, again.deliveries) == (b.bookmark, 2)
+            again.ack()
+            a.ack()
+        wait_until(lambda: c.stats()["queues"]["ops"]["acked"] == 2, what="acks")
+        st = c.stats()["queues"]
+        assert st["ops"]["expired"] == 1 and st["ops.dead"]["depth"] == 1
+
+
+def test_publish_async_keeps_a_bounded_window_and_confirms_in_order(dispatcher):
+    with zq.connect(dispatcher.inproc, window=8) as c:
+        futures = [c.publish_async("win", f"m{i}") for i in range(100)]
+        bookmarks = [f.result(10) for f in futures]
+    assert bookmarks == sorted(bookmarks) and len(set(bookmarks)) == 100
+
+
+def test_an_unknown_queue_without_auto_queues_is_an_error(tmp_path):
+    cfg = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], auto_queues=False)
+    with zq.Dispatcher(cfg) as d, zq.connect(d.inproc) as c:
+        with pytest.raises(zq.UnknownQueueError):
+            c.subscribe("nope")
+        with pytest.raises(zq.NotSupportedError):
+            c.subscribe("nope", filter="a = 1")
+
+
+def test_asyncio_client_has_the_same_shape(dispatcher):
+    async def main():
+        async with await zq.aio.connect(dispatcher.endpoint) as c:
+            sent = [await c.publish("aio", f"m{i}") for i in range(5)]
+            got = []
+            async with await c.subscribe("aio", max_backlog=4) as sub:
+                async for msg in sub:
+                    got.append(msg.bookmark)
+                    msg.ack()
+                    if len(got) == 5:
+                        break
+            return sent, got
+
+    sent, got = asyncio.run(main())
+    assert sent == got
+
+
+def test_a_worker_reconnects_and_resubscribes_after_the_server_restarts(tmp_path):
+    server = ServerProcess(tmp_path).start()
+    worker = WorkerProcess(server.endpoint, "jobs", tmp_path / "w.log")
+    try:
+        wait_until(lambda: worker.log.exists(), what="worker subscribed")
+        with zq.connect(server.endpoint) as c:
+            c.publish("jobs", "before")
+        wait_until(lambda: len(worker.lines()) == 1, what="first message")
+        server.terminate()
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            c.publish("jobs", "after")
+        wait_until(lambda: len(worker.lines()) == 2, timeout=30, what="the worker to resubscribe by itself")
+    finally:
+        worker.stop()
+        server.terminate()
+
+
+@pytest.mark.parametrize(("text", "ms"), [("30s", 30_000), ("500ms", 500), ("5m", 300_000), ("1h", 3_600_000), ("7d", 604_800_000)])
+def test_durations_in_the_config_carry_units(text, ms):
+    assert duration_ms(text, "k") == ms
+
+
+def test_sizes_in_the_config_carry_units():
+    assert size_bytes("64MiB", "k") == 64 * 2**20 and size_bytes("1KB", "k") == 1000
+    with pytest.raises(ConfigError, match="server.max_message_size"):
+        size_bytes("huge", "server.max_message_size")
+
+
+def test_config_file_round_trip_and_errors_that_name_the_key(tmp_path):
+    path = tmp_path / "zq.toml"
+    path.write_text(
+        '[server]\ndata = "d"\nbind = ["tcp://127.0.0.1:7799"]\ndurability = "fsync"\n'
+        '[[queue]]\nname = "jobs"\ntopics = "^jobs$"\nlease = "45s"\nexpiration = "1h"\n'
+        'group_header = "customer"\ngroup_policy = "exclusive"\ndead_letter = "jobs.failed"\n'
+    )
+    cfg = Config.load(path)
+    q = cfg.queues[0]
+    assert (cfg.durability, q.lease_ms, q.expiration_ms, q.group_header, q.group_policy) == (
+        "fsync", 45_000, 3_600_000, "customer", "exclusive")
+    for text, key in [
+        ('[[queue]]\nname = "a"\nsemantics = "at-most-once"\nfairness = "fast"\n', "queue[0]"),
+        ('[[queue]]\nname = "a"\nmax_cancels = "x"\n', "max_cancels"),
+        ('[[queue]]\nname = "a"\ntopics = "(("\n', "queue[0].topics"),
+        ('[[queue]]\nname = "a"\n[[queue]]\nname = "a"\n', "unique"),
+        ('[server]\ndurability = "always"\n', "server.durability"),
+        ("not toml [", "TOML"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+            Config.load(path)
