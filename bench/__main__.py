@@ -1,6 +1,8 @@
 """zq benchmarks: ``python -m bench run SCENARIO [--quick]`` prints a table and writes JSON.
 
-Scenarios so far: engine-memory, engine-throughput. Results go to bench/results/.
+Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency, peak,
+groups (a real `zq serve` with worker processes over tcp loopback). Results go to
+bench/results/.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups")
 
 
 def machine() -> dict:
@@ -54,7 +57,21 @@ def run(scenario: str, quick: bool) -> list[dict]:
             engine.throughput(n, backlog=256, batch=64),
             engine.throughput(n, backlog=16, batch=64, groups=1000),
         ]
-    raise SystemExit(f"unknown scenario {scenario!r}; try engine-memory, engine-throughput")
+    from bench import e2e
+
+    if scenario == "throughput":
+        n = 5_000 if quick else 100_000
+        return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")]
+    if scenario == "latency":
+        secs = 1.0 if quick else 10.0
+        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")]
+    if scenario == "peak":
+        n = 5_000 if quick else 300_000
+        return [e2e.throughput(n, durability=d, backlog=256, mode="batch64") for d in ("batch", "fsync")]
+    if scenario == "groups":
+        n = 5_000 if quick else 100_000
+        return [e2e.throughput(n, groups=g) for g in (1000, 10)]
+    raise SystemExit(f"unknown scenario {scenario!r}; try {', '.join(SCENARIOS)}")
 
 
 def main(argv: list[str] | None = None) -> int:

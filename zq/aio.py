@@ -63,7 +63,18 @@ class AsyncClient:
     async def publish(self, topic: str, data: bytes | str, **kw: Any) -> int:
         loop = asyncio.get_running_loop()
         fut = await loop.run_in_executor(None, lambda: self.client.publish_async(topic, data, **kw))
-        return await asyncio.wrap_future(fut)
+        done: asyncio.Future[int] = loop.create_future()
+
+        def settle(f) -> None:  # type: ignore[no-untyped-def]
+            exc = f.exception(0)
+            if exc is not None:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(exc))
+            else:
+                value = f.result(0)
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(value))
+
+        fut.add_done_callback(settle)
+        return await done
 
     async def publish_many(self, topic: str, messages: list[bytes | str], **kw: Any) -> list[int]:
         loop = asyncio.get_running_loop()

@@ -36,9 +36,12 @@ import zmq
 
 from zq import wire
 from zq.core import limits
+from zq.core import records as R
 from zq.core.errors import NotSupportedError, ZqError
 
 log = logging.getLogger("zq.client")
+
+ACK_DELAY = 0.001  # seconds an ack may wait to share a frame with others
 
 ERRORS: dict[str, type[ZqError]] = {}
 
@@ -62,18 +65,88 @@ class ConnectionLost(ZqError):
     code = "connection"
 
 
+class PublishBatch:
+    """The messages of one PUBLISH frame: one wait object for all of them."""
+
+    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.items: list[tuple[bytes, dict[str, str], str | None]] = []
+        self.size = 0
+        self.event = threading.Event()
+        self.bookmarks: list[int] | None = None
+        self.error: BaseException | None = None
+        self.callbacks: list[tuple[Callable[[Any], None], Any]] = []
+
+    def settle(self, bookmarks: list[int] | None, error: BaseException | None) -> None:
+        if self.event.is_set():
+            return
+        self.bookmarks, self.error = bookmarks, error
+        self.event.set()
+        for fn, fut in self.callbacks:
+            try:
+                fn(fut)
+            except Exception:  # pragma: no cover - a user callback failed
+                log.exception("publish callback failed")
+        self.callbacks = []
+
+
+class PublishFuture:
+    """The bookmark of one published message, when it is durable.
+
+    The subset of ``concurrent.futures.Future`` that publishing needs (``result``,
+    ``exception``, ``done``, ``add_done_callback``), without a lock and a condition
+    per message: all messages of a frame share one ``PublishBatch``.
+    """
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: PublishBatch, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+    def done(self) -> bool:
+        return self.batch.event.is_set()
+
+    def result(self, timeout: float | None = None) -> int:
+        if not self.batch.event.wait(timeout):
+            raise TimeoutError("publish not confirmed in time")
+        if self.batch.error is not None:
+            raise self.batch.error
+        assert self.batch.bookmarks is not None
+        return self.batch.bookmarks[self.index]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.batch.event.wait(timeout):
+            raise TimeoutError("publish not confirmed in time")
+        return self.batch.error
+
+    def add_done_callback(self, fn: Callable[["PublishFuture"], None]) -> None:
+        batch = self.batch
+        if batch.event.is_set():
+            fn(self)
+            return
+        batch.callbacks.append((fn, self))
+        if batch.event.is_set() and batch.callbacks:  # settled meanwhile: run what is left
+            callbacks, batch.callbacks = batch.callbacks, []
+            for cb, fut in callbacks:
+                cb(fut)
+
+
 class Message:
     """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
 
-    __slots__ = ("data", "bookmark", "topic", "headers", "deliveries", "ts_ms", "_sub", "_generation")
+    __slots__ = ("data", "bookmark", "topic", "headers", "deliveries", "ts_ms", "msg_id", "_sub", "_generation")
 
-    def __init__(self, d: wire.Delivery, sub: "Subscription", generation: int) -> None:
-        self.data: bytes = d.payload
-        self.bookmark: int = d.bookmark
-        self.topic: str = d.topic
-        self.headers: dict[str, str] = d.headers
-        self.deliveries: int = d.deliveries
-        self.ts_ms: int = d.ts_ms
+    def __init__(self, record: "R.Message", deliveries: int, sub: "Subscription", generation: int) -> None:
+        self.data: bytes = record.payload
+        self.bookmark: int = record.seq
+        self.topic: str = record.topic
+        self.headers: dict[str, str] = record.headers
+        self.deliveries: int = deliveries
+        self.ts_ms: int = record.ts_ms
+        self.msg_id: str | None = record.msg_id
         self._sub = sub
         self._generation = generation
 
@@ -106,12 +179,16 @@ class Subscription:
         self.queue = queue
         self.max_backlog = max_backlog
         self.backlog = 0  # granted by the server
-        self.inbox: queue_mod.SimpleQueue[tuple[int, list[wire.Delivery]] | None] = queue_mod.SimpleQueue()
+        self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
         self.local: collections.deque[Message] = collections.deque()
         self.settle: collections.deque[tuple[str, int, int]] = collections.deque()  # op, bookmark, generation
         self.refused = 0
         self.closed = False
         self.sink: Callable[[list[Message]], None] | None = None
+        # I/O-thread-only counters: messages received, settles sent (this session).
+        self.received = 0
+        self.settles_taken = 0
+        self.settle_since = 0.0  # when the oldest unsent settle was first seen
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, or None when ``timeout`` seconds pass without one."""
@@ -131,7 +208,7 @@ class Subscription:
             generation, batch = item
             if generation != self.client.generation:
                 continue  # from a session that is gone: the server will deliver again
-            self.local.extend(Message(d, self, generation) for d in batch)
+            self.local.extend(Message(r, n, self, generation) for r, n in batch)
         return self.local.popleft()
 
     def __iter__(self) -> Iterator[Message]:
@@ -193,9 +270,14 @@ class Client:
         self._sub_ids = itertools.count(1)
         self._out: collections.deque[tuple[object, Future | None]] = collections.deque()
         self._pending: dict[int, tuple[Future, object]] = {}
-        self._publishes: dict[int, tuple[Future, wire.Publish, list[Future] | None]] = {}
+        self._publishes: dict[int, tuple[Future | PublishBatch, wire.Publish]] = {}
         self._subs: dict[str, Subscription] = {}
-        self._window = threading.BoundedSemaphore(window)
+        self._window = window
+        self._unconfirmed = 0  # messages published and not yet confirmed
+        self._publish_lock = threading.Lock()
+        self._window_free = threading.Condition(self._publish_lock)
+        self._open_batches: dict[str, PublishBatch] = {}
+        self._sealed: collections.deque[PublishBatch] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._woken = False
@@ -234,28 +316,38 @@ class Client:
         priority: int | None = None,
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
-    ) -> Future:
+    ) -> PublishFuture:
         """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
         self._check_open()
         item = _item(data, group, priority, msg_id, headers)
-        self._window.acquire()
-        fut: Future = Future()
-        fut.add_done_callback(lambda _: self._window.release())
-        self._out.append((("pub1", topic, item), fut))
+        with self._publish_lock:
+            while self._unconfirmed >= self._window:
+                self._window_free.wait(1.0)
+                self._check_open()
+            self._unconfirmed += 1
+            batch = self._open_batches.get(topic)
+            if batch is None or len(batch.items) >= limits.PUBLISH_BATCH_MAX or batch.size > limits.PUBLISH_BATCH_BYTES:
+                if batch is not None:
+                    self._sealed.append(batch)
+                batch = self._open_batches[topic] = PublishBatch(topic)
+            batch.items.append(item)
+            batch.size += len(item[0])
+            fut = PublishFuture(batch, len(batch.items) - 1)
         self._wake()
         return fut
 
     def publish_many(self, topic: str, messages: Iterable[bytes | str], *, timeout: float = 60.0, **kw: Any) -> list[int]:
         """Publish a batch (one frame per ``PUBLISH_BATCH_MAX``); returns the bookmarks."""
-        self._check_open()
-        items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
-        futures = [
-            self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)
-        ]
         out: list[int] = []
-        for f in futures:
+        for f in self.publish_many_async(topic, messages, **kw):
             out.extend(f.result(timeout))
         return out
+
+    def publish_many_async(self, topic: str, messages: Iterable[bytes | str], **kw: Any) -> list[Future]:
+        """Like ``publish_many`` without waiting: one future of bookmarks per frame sent."""
+        self._check_open()
+        items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
 
     def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0) -> Subscription:
         self._check_open()
@@ -380,7 +472,8 @@ class Client:
         last_heard = last_sent = time.monotonic()
         welcomed = False
         while not self.closed:
-            poller.poll(hb // 2)
+            waiting = any(sub.settle for sub in self._subs.values())
+            poller.poll(1 if waiting else hb // 2)
             self._woken = False
             try:
                 os.read(self._wake_r, 4096)
@@ -404,7 +497,7 @@ class Client:
                 log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)
                 return True
         if welcomed:
-            self._send_work(sock)
+            self._send_work(sock, force=True)
             sock.send(wire.encode(wire.Bye()))
         return False
 
@@ -415,13 +508,15 @@ class Client:
             log.error("undecodable frame from the dispatcher: %s", exc)
             return None
         t = type(msg)
-        if t is wire.Deliver:
+        if t is wire.DeliverRecords:
             sub = self._subs.get(msg.sub)
             if sub is not None:
+                batch = list(zip(msg.records, msg.deliveries))
+                sub.received += len(batch)
                 if sub.sink is not None:
-                    sub.sink([Message(d, sub, self.generation) for d in msg.messages])
+                    sub.sink([Message(r, n, sub, self.generation) for r, n in batch])
                 else:
-                    sub.inbox.put((self.generation, msg.messages))
+                    sub.inbox.put((self.generation, batch))
         elif t is wire.Confirm:
             self._resolve(msg.req, msg.bookmarks)
         elif t is wire.Heartbeat:
@@ -457,42 +552,55 @@ class Client:
                 req = next(self._reqs)
                 self._pending[req] = (Future(), None)
                 sub.settle.clear()
+                sub.received = sub.settles_taken = 0
                 sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog)))
-        for req, (_, cmd, _) in list(self._publishes.items()):
+        for req, (_, cmd) in list(self._publishes.items()):
             sock.send(wire.encode(cmd))
 
-    def _send_work(self, sock: zmq.Socket) -> bool:
+    def _settle_due(self, sub: Subscription, now: float) -> bool:
+        """Coalesce acks (ANCHORS rule 2: one ack frame per delivered frame).
+
+        Send when the user has settled everything received, when half the backlog is
+        waiting to be settled, or ``ACK_DELAY`` after the oldest unsent settle.
+        """
+        pending = len(sub.settle)
+        if sub.received - sub.settles_taken - pending <= 0:
+            return True
+        if pending * 2 >= max(sub.backlog, 1):
+            return True
+        if not sub.settle_since:
+            sub.settle_since = now
+        return now - sub.settle_since >= ACK_DELAY
+
+    def _send_work(self, sock: zmq.Socket, force: bool = False) -> bool:
         # Waiters present now had their work queued before this pass: it sends it all.
         waiters = [self._flush_waiters.popleft() for _ in range(len(self._flush_waiters))]
+        force = force or bool(waiters)
         sent = False
-        singles: dict[str, tuple[list, list[Future]]] = {}
         while self._out:
             cmd, fut = self._out.popleft()
-            if type(cmd) is tuple and cmd[0] == "pub1":
-                items, futs = singles.setdefault(cmd[1], ([], []))
-                items.append(cmd[2])
-                futs.append(fut)
-                continue
             if callable(cmd):
                 req = next(self._reqs)
                 cmd = cmd(req)
                 if type(cmd) is wire.Publish:
-                    self._publishes[req] = (fut, cmd, None)
+                    self._publishes[req] = (fut, cmd)  # type: ignore[assignment]
                 else:
                     self._pending[req] = (fut, cmd)
             sock.send(wire.encode(cmd))
             sent = True
-        for topic, (items, futs) in singles.items():
-            start = 0
-            for chunk in _chunks(items):
-                req = next(self._reqs)
-                cmd = wire.Publish(req, topic, chunk)
-                self._publishes[req] = (Future(), cmd, futs[start : start + len(chunk)])
-                start += len(chunk)
-                sock.send(wire.encode(cmd))
-                sent = True
+        with self._publish_lock:
+            batches = list(self._sealed) + list(self._open_batches.values())
+            self._sealed.clear()
+            self._open_batches.clear()
+        for batch in batches:
+            req = next(self._reqs)
+            cmd = wire.Publish(req, batch.topic, batch.items)
+            self._publishes[req] = (batch, cmd)
+            sock.send(wire.encode(cmd))
+            sent = True
+        now = time.monotonic()
         for sub in list(self._subs.values()):
-            if sub.settle:
+            if sub.settle and (force or self._settle_due(sub, now)):
                 sent |= self._send_settles(sock, sub)
         for fut in waiters:
             fut.set_result(None)
@@ -500,8 +608,10 @@ class Client:
 
     def _send_settles(self, sock: zmq.Socket, sub: Subscription) -> bool:
         by_op: dict[str, list[int]] = {}
+        sub.settle_since = 0.0
         while sub.settle:
             op, bookmark, generation = sub.settle.popleft()
+            sub.settles_taken += 1
             if generation == self.generation:
                 by_op.setdefault(op, []).append(bookmark)
         kinds = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
@@ -512,12 +622,7 @@ class Client:
     def _resolve(self, req: int, value: Any) -> None:
         entry = self._publishes.pop(req, None)
         if entry is not None:
-            fut, _, singles = entry
-            if singles is not None:
-                for f, bm in zip(singles, value):
-                    f.set_result(bm)
-            elif fut is not None and not fut.done():
-                fut.set_result(value)
+            self._publish_done(entry[0], value, None)
             return
         pending = self._pending.pop(req, None)
         if pending is not None and pending[0] is not None and not pending[0].done():
@@ -526,14 +631,23 @@ class Client:
     def _reject(self, req: int, exc: BaseException) -> None:
         entry = self._publishes.pop(req, None)
         if entry is not None:
-            fut, _, singles = entry
-            for f in singles or [fut]:
-                if f is not None and not f.done():
-                    f.set_exception(exc)
+            self._publish_done(entry[0], None, exc)
             return
         pending = self._pending.pop(req, None)
         if pending is not None and pending[0] is not None and not pending[0].done():
             pending[0].set_exception(exc)
+
+    def _publish_done(self, target: "Future | PublishBatch", value: Any, exc: BaseException | None) -> None:
+        if isinstance(target, PublishBatch):
+            with self._publish_lock:
+                self._unconfirmed -= len(target.items)
+                self._window_free.notify_all()
+            target.settle(value, exc)
+        elif target is not None and not target.done():
+            if exc is None:
+                target.set_result(value)
+            else:
+                target.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for req in list(self._publishes):
@@ -544,6 +658,13 @@ class Client:
             cmd, fut = self._out.popleft()
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
+        with self._publish_lock:
+            batches = list(self._sealed) + list(self._open_batches.values())
+            self._sealed.clear()
+            self._open_batches.clear()
+            self._window_free.notify_all()
+        for batch in batches:
+            batch.settle(None, exc)
         if not self._welcome.done():
             self._welcome.set_exception(exc)
         while self._flush_waiters:

@@ -27,7 +27,7 @@ import zmq
 from zq import wire
 from zq.config import Config
 from zq.core import limits
-from zq.core.engine import Engine, check_message
+from zq.core.engine import Engine
 from zq.core.errors import JournalError, LimitError, NotSupportedError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
@@ -242,12 +242,7 @@ class Server:
     def on_publish(self, peer_id: bytes, cmd: wire.Publish, now: int) -> None:
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
-        for payload, headers, _ in cmd.messages:  # refuse the whole batch before journaling any of it
-            if len(payload) > self.config.max_message_bytes:
-                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {self.config.max_message_bytes}")
-            check_message(self.engine.resolve_topic(cmd.topic), payload, headers)
-        publish = self.engine.publish
-        bookmarks = [publish(cmd.topic, payload, headers, now, msg_id) for payload, headers, msg_id in cmd.messages]
+        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
@@ -307,16 +302,14 @@ class Server:
             return False
 
     def deliver(self, d) -> None:  # type: ignore[no-untyped-def]
+        """Send journal records as they are stored (``msgspec.Raw``): no decode, no re-encode."""
         consumer, _, sub = d.sub_id.partition("/")
         peer_id = bytes.fromhex(consumer)
-        records = self.journal.get_messages(d.seqs)
+        raws = self.journal.get_raw(d.seqs)
         batch = limits.DELIVER_BATCH_MAX
-        for i in range(0, len(records), batch):
-            msgs = [
-                wire.Delivery(r.seq, r.topic, r.headers, r.payload, n, r.ts_ms)
-                for r, n in zip(records[i : i + batch], d.deliveries[i : i + batch])
-            ]
-            if not self.send(peer_id, wire.encode(wire.Deliver(sub, msgs))):
+        for i in range(0, len(raws), batch):
+            frame = wire.encode(wire.DeliverRaw(sub, raws[i : i + batch], d.deliveries[i : i + batch]))
+            if not self.send(peer_id, frame):
                 return
 
     def heartbeat(self, now: int) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from zq.core.records import Message
+
 PROTOCOL_VERSION = 1
 
 
@@ -118,18 +120,22 @@ class Subscribed(_Cmd, tag="subscribed"):
     backlog: int
 
 
-class Delivery(msgspec.Struct, array_like=True, gc=False):
-    bookmark: int
-    topic: str
-    headers: dict[str, str]
-    payload: bytes
-    deliveries: int
-    ts_ms: int = 0
+class DeliverRaw(_Cmd, tag="deliver"):
+    """DELIVER as the server encodes it: each message is its journal record, embedded
+    unchanged (``zq.core.records.Message``: ["m", bookmark, ts_ms, topic, headers,
+    payload, msg_id, copy_of]), with the delivery counts alongside."""
 
-
-class Deliver(_Cmd, tag="deliver"):
     sub: str
-    messages: list[Delivery]
+    records: list[msgspec.Raw]
+    deliveries: list[int]
+
+
+class DeliverRecords(_Cmd, tag="deliver"):
+    """DELIVER as clients decode it (same bytes as ``DeliverRaw``)."""
+
+    sub: str
+    records: list[Message]
+    deliveries: list[int]
 
 
 class Refused(_Cmd, tag="refused"):
@@ -152,7 +158,7 @@ class Error(_Cmd, tag="error"):
     message: str
 
 
-ServerCommand = Welcome | Confirm | Subscribed | Deliver | Refused | Reply | Error | Heartbeat
+ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat
 
 
 client_decoder = msgspec.msgpack.Decoder(ClientCommand)

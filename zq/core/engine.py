@@ -140,6 +140,53 @@ class Engine:
         self.published += 1
         return seq
 
+    def publish_many(
+        self,
+        topic: str,
+        items: list[tuple[bytes, dict[str, str], str | None]],
+        now_ms: int,
+        max_message_bytes: int = limits.MESSAGE_BYTES_MAX,
+    ) -> list[int]:
+        """Publish a batch atomically: every message is checked before any is journaled.
+
+        Topic resolution, routing and the group-ceiling check happen once per batch.
+        """
+        self.set_time(now_ms)
+        topic = self.resolve_topic(topic)
+        for payload, headers, _ in items:
+            if len(payload) > max_message_bytes:
+                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_message_bytes}")
+            check_message(topic, payload, headers)
+        queues = self.route(topic)
+        if not queues and self.auto_queues:
+            queues = [self.add_queue(auto_queue(topic, self.next_seq))]
+            self.route_cache.pop(topic, None)
+        for q in queues:
+            if q.grouped:
+                header = q.settings.group_header
+                names = {h[header] for _, h, _ in items if header in h}  # type: ignore[index]
+                fresh = [n for n in names if n not in q.gid_of]
+                if len(q.groups) + len(fresh) > q.settings.max_groups:
+                    raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
+        first = self.next_seq
+        self.next_seq += len(items)
+        self.note_time(now_ms, first)
+        append = self.records.append
+        message = R.Message
+        for i, (payload, headers, msg_id) in enumerate(items):
+            append(message(first + i, now_ms, topic, headers, payload, msg_id))
+        for q in queues:
+            if q.grouped:
+                header = q.settings.group_header
+                for i, (_, headers, _) in enumerate(items):
+                    name = headers.get(header)  # type: ignore[arg-type]
+                    q.enqueue(first + i, q.group_id(name) if name is not None else 0)
+            else:
+                for i in range(len(items)):
+                    q.enqueue(first + i, 0)
+        self.published += len(items)
+        return list(range(first, first + len(items)))
+
     def take_seq(self) -> int:
         seq = self.next_seq
         self.next_seq += 1

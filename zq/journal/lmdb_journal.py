@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterable, Iterator
 
 import lmdb
+import msgspec
 
 from zq.core import records as R
 from zq.core.errors import JournalError
@@ -178,6 +179,18 @@ class LmdbJournal:
                 if raw is None:
                     raise JournalError(f"message {seq} is not in the journal")
                 out.append(dec(raw))
+        return out
+
+    def get_raw(self, seqs: list[int]) -> list[msgspec.Raw]:
+        """Stored message records, undecoded (the server puts them on the wire as is)."""
+        out = []
+        with self.env.begin(db=self.msgs) as txn:
+            get = txn.get
+            for seq in seqs:
+                raw = get(_KEY.pack(seq))
+                if raw is None:
+                    raise JournalError(f"message {seq} is not in the journal")
+                out.append(msgspec.Raw(raw))
         return out
 
     def read_messages(self, from_seq: int, to_seq: int | None = None) -> Iterator[R.Message]:

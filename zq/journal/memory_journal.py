@@ -74,5 +74,10 @@ class MemoryJournal:
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
         return [self.by_seq[s] for s in seqs]
 
+    def get_raw(self, seqs: list[int]) -> list:
+        import msgspec
+
+        return [msgspec.Raw(R.record_encoder.encode(self.by_seq[s])) for s in seqs]
+
     def close(self) -> None:
         pass

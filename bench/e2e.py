@@ -1,0 +1,214 @@
+"""End-to-end scenarios: `zq serve`, one publisher process, worker processes, tcp loopback.
+
+The layout is ANCHORS.md's standard workload: 1 producer process, 4 worker processes,
+backlog 16 each, 128-byte bodies, every message acknowledged by the worker.
+
+* e2e throughput      = N / (last ack by a worker - first publish)
+* publisher-confirmed = N / (last confirm - first publish)
+* latency             = publish -> worker (payload carries time_ns) and publish -> confirm
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUEUE = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def percentiles(values: list[float], ps=(50, 99, 99.9)) -> dict:
+    if not values:
+        return {f"p{p}": None for p in ps}
+    v = sorted(values)
+    return {f"p{p}": round(v[min(len(v) - 1, int(len(v) * p / 100))], 1) for p in ps}
+
+
+class Fleet:
+    """A `zq serve` and N worker processes; workers report on SIGTERM."""
+
+    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
+             "--durability", durability], env=child_env(), stderr=subprocess.DEVNULL,
+        )
+        from zq.client import Client
+
+        with Client(self.endpoint, connect_timeout=30) as c:
+            c.publish(QUEUE, b"warm-up")  # creates the queue; drained by the first worker
+        self.outs = [Path(self.tmp) / f"w{i}.json" for i in range(workers)]
+        self.workers = [
+            subprocess.Popen([sys.executable, "-m", "bench.e2e", "worker", self.endpoint, str(backlog), str(out)], env=child_env())
+            for out in self.outs
+        ]
+        deadline = time.monotonic() + 30
+        with Client(self.endpoint) as c:
+            while len(c.stats()["queues"][QUEUE]["consumers"]) < workers:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("workers did not subscribe")
+                time.sleep(0.02)
+            while c.stats()["queues"][QUEUE]["acked"] < 1:
+                time.sleep(0.01)
+        self.groups = groups
+
+    def wait_acked(self, n: int, timeout: float) -> None:
+        from zq.client import Client
+
+        deadline = time.monotonic() + timeout
+        with Client(self.endpoint) as c:
+            while c.stats()["queues"][QUEUE]["acked"] < n + 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {c.stats()['queues'][QUEUE]['acked'] - 1} of {n} acked in {timeout}s")
+                time.sleep(0.005)
+
+    def reports(self) -> list[dict]:
+        for w in self.workers:
+            w.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            w.wait(30)
+        return [json.loads(out.read_text()) for out in self.outs]
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                w.kill()
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> dict:
+    cmd = [sys.executable, "-m", "bench.e2e", "producer", endpoint, str(n), mode, str(groups), str(rate)]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout)
+
+
+def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0) -> dict:
+    fleet = Fleet(workers, backlog, durability, groups)
+    try:
+        prod = run_producer(fleet.endpoint, n, mode, groups, 0)
+        fleet.wait_acked(n, timeout=600)
+        reports = fleet.reports()
+    finally:
+        fleet.close()
+    last_ack = max(r["last_ack_ns"] for r in reports)
+    e2e = n / ((last_ack - prod["first_ns"]) / 1e9)
+    confirmed = n / ((prod["last_confirm_ns"] - prod["first_ns"]) / 1e9)
+    return {
+        "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
+        "publish": mode, "groups": groups, "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
+        "worker_shares": [r["count"] for r in reports],
+    }
+
+
+def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", workers: int = 4, backlog: int = 16) -> dict:
+    n = int(seconds * rate)
+    fleet = Fleet(workers, backlog, durability)
+    try:
+        prod = run_producer(fleet.endpoint, n, "paced", 0, rate)
+        fleet.wait_acked(n, timeout=60 + seconds)
+        reports = fleet.reports()
+    finally:
+        fleet.close()
+    deliver = [x for r in reports for x in r["latencies_us"]]
+    return {
+        "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability, "transport": "tcp loopback",
+        "messages": n, "publish_to_worker_us": percentiles(deliver), "publish_to_confirm_us": percentiles(prod["confirm_us"]),
+    }
+
+
+# ------------------------------------------------------------------ child processes
+
+
+def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None:
+    from zq.client import Client
+
+    payload = b"x" * 128
+    confirm_us: list[float] = []
+    with Client(endpoint, name="bench-producer", window=16 * 64) as c:
+        first = time.time_ns()
+        if mode == "async":
+            futures = [c.publish_async(QUEUE, payload, group=f"g{i % groups}" if groups else None) for i in range(n)]
+            for f in futures:
+                f.result(600)
+        elif mode == "batch64":
+            pending = []
+            for i in range(0, n, 64):
+                pending += c.publish_many_async(QUEUE, [payload] * min(64, n - i))
+                if len(pending) > 16:
+                    pending.pop(0).result(600)
+            for f in pending:
+                f.result(600)
+        elif mode == "paced":
+            interval = 1e9 / rate
+            futures = []
+            for i in range(n):
+                target = first + i * interval
+                while (left := target - time.time_ns()) > 0:
+                    # sleep, never spin: a spinning thread holds the GIL and starves the
+                    # client's I/O thread for a whole switch interval (5 ms)
+                    time.sleep(left / 1e9 if left > 200_000 else 0)
+                sent = time.time_ns()
+                f = c.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
+                f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
+                futures.append(f)
+            for f in futures:
+                f.result(60)
+        last = time.time_ns()
+    print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
+
+
+def worker(endpoint: str, backlog: int, out: str) -> None:
+    from zq.client import Client
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    count, last_ack, latencies = 0, 0, []
+    with Client(endpoint, name=f"bench-worker-{os.getpid()}") as c, c.subscribe(QUEUE, max_backlog=backlog) as sub:
+        while not stop:
+            msg = sub.get(timeout=0.1)
+            if msg is None:
+                continue
+            now = time.time_ns()
+            if msg.data != b"warm-up":
+                sent = int.from_bytes(msg.data[:8], "big")
+                if sent > 1_000_000_000_000_000_000:  # a paced message carries its send time
+                    latencies.append((now - sent) / 1000)
+            msg.ack()
+            count += 1
+            last_ack = now
+    Path(out).write_text(json.dumps({"count": count, "last_ack_ns": last_ack, "latencies_us": latencies}))
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "producer":
+        producer(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+    elif role == "worker":
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
