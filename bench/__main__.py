@@ -74,6 +74,24 @@ def run(scenario: str, quick: bool) -> list[dict]:
     raise SystemExit(f"unknown scenario {scenario!r}; try {', '.join(SCENARIOS)}")
 
 
+def summarise(same: list[dict]) -> dict:
+    """One row from N runs of the same case: numeric figures become median [min-max]."""
+    if len(same) == 1:
+        return same[0]
+    out: dict = {}
+    for key, value in same[0].items():
+        values = [row[key] for row in same]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and len(set(values)) > 1:
+            v = sorted(values)
+            out[key] = f"{v[len(v) // 2]} [{v[0]}-{v[-1]}]"
+        elif isinstance(value, dict):
+            out[key] = {k: summarise([{k: row[key][k]} for row in same])[k] for k in value}
+        else:
+            out[key] = value
+    out["runs"] = same
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -81,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("scenario")
     r.add_argument("--quick", action="store_true", help="tiny sizes (the test suite runs these)")
     r.add_argument("--out", default=None, help="JSON file to write (default bench/results/SCENARIO.json)")
+    r.add_argument("--repeat", type=int, default=1, help="run N times; print the median [min-max] of each figure")
     args = parser.parse_args(argv)
-    rows = run(args.scenario, args.quick)
+    runs = [[{**row, "scenario": args.scenario} for row in run(args.scenario, args.quick)] for _ in range(args.repeat)]
+    rows = [summarise([r[i] for r in runs]) for i in range(len(runs[0]))]
     meta = machine()
     for row in rows:
-        print("  ".join(f"{k}={v}" for k, v in row.items()))
+        print("  ".join(f"{k}={v}" for k, v in row.items() if k != "runs"))
     print(f"machine: {meta['cores']} cores, {meta['cpu']}, Python {meta['python']}, {meta['date']}")
     out = Path(args.out) if args.out else RESULTS / f"{args.scenario}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

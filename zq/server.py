@@ -15,6 +15,7 @@ reply naming the problem, and the loop goes on serving everyone else.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ import zmq
 from zq import wire
 from zq.config import Config
 from zq.core import limits
+from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.errors import JournalError, LimitError, NotSupportedError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
@@ -93,6 +95,7 @@ class Server:
         self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
         self.frames_in = 0
         self.closed = False
+        self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
 
     # ----------------------------------------------------------- lifecycle
 
@@ -145,7 +148,7 @@ class Server:
         out = self.engine.drain(now)
         self.journal.append(out.records)
         try:
-            self.journal.commit(now)
+            self.journal.commit(now, urgent=self.is_urgent(out.records))
         except JournalError as exc:
             self.journal_failed(exc)
             return
@@ -158,6 +161,18 @@ class Server:
             self.heartbeat(now)
         if now >= self.next_retention_ms:
             self.retention(now)
+
+    def is_urgent(self, records: list) -> bool:
+        """Must this commit reach the disk before anything is sent (durability fsync)?"""
+        for r in records:
+            t = type(r)
+            if t is R.Message:
+                return True  # a publish confirmation waits on it
+            if t is R.Event and r.kind == R.LEASED:
+                q = self.engine.queues.get(r.queue)
+                if q is not None and q.at_most_once:
+                    return True  # at-most-once: durable before the frame leaves
+        return False
 
     def receive_all(self, now: int) -> None:
         sock = self.sock
@@ -312,8 +327,24 @@ class Server:
             if not self.send(peer_id, frame):
                 return
 
+    def totals(self) -> tuple[int, int, int]:
+        qs = self.engine.queues.values()
+        return (self.engine.published, sum(q.delivered for q in qs), sum(q.acked for q in qs))
+
+    def rates(self, now: int) -> dict[str, float]:
+        """Per-second publish / deliver / ack rates over the last few seconds."""
+        if not self.samples:
+            return {"publish": 0.0, "deliver": 0.0, "ack": 0.0}
+        then, old = self.samples[0]
+        cur = self.totals()
+        dt = max(now - then, 1) / 1000
+        return {k: round((c - o) / dt, 1) for k, c, o in zip(("publish", "deliver", "ack"), cur, old)}
+
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
+        self.samples.append((now, self.totals()))
+        while len(self.samples) > 1 and now - self.samples[0][0] > 5000:
+            self.samples.popleft()
         dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
         for peer_id, peer in list(self.peers.items()):
             if now - peer.last_heard_ms > dead_after:
@@ -373,6 +404,7 @@ class Server:
             "peers": len(self.peers),
             "frames_in": self.frames_in,
             "endpoints": self.endpoints,
+            "rates": self.rates(now),
         }
         return st
 

@@ -157,3 +157,18 @@ def test_a_writer_killed_with_sigkill_loses_nothing_it_reported_durable(tmp_path
     # group order: within each group, waiting messages are in publish order
     order = list(q.waiting())
     assert order == sorted(order)
+
+
+def test_fsync_mode_syncs_urgent_commits_at_once_and_lets_others_wait_for_the_interval(tmp_path):
+    j = LmdbJournal(str(tmp_path), durability="fsync", fsync_interval_ms=1000)
+    h = Harness()
+    h.pub("t")
+    h.drain()
+    j.append(h.records)
+    j.commit(0, urgent=True)
+    assert j.unsynced is False
+    j.append([R.Event(99, 0, R.ACKED, "t", "w", [1], [1])])
+    j.commit(10, urgent=False)
+    assert j.unsynced is True  # an ack rides on the next sync
+    j.commit(1000, urgent=False)
+    assert j.unsynced is False  # ... at most fsync_interval later

@@ -105,15 +105,22 @@ class LmdbJournal:
     def append(self, records: Iterable[object]) -> None:
         self.staged.extend(records)
 
-    def commit(self, now_ms: int = 0) -> None:
-        """Write everything staged in one transaction; sync as the durability says."""
+    def commit(self, now_ms: int = 0, *, urgent: bool = True) -> None:
+        """Write everything staged in one transaction; sync as the durability says.
+
+        ``urgent`` says something waits on this commit being on disk (a publish
+        confirmation, an at-most-once delivery). In ``fsync`` mode only urgent commits
+        sync at once; the rest (acks, lease events) ride on the next sync, at most
+        ``fsync_interval_ms`` later: losing them to an OS crash means redelivery,
+        which at-least-once allows.
+        """
         staged, self.staged = self.staged, []
         if staged:
             self.write(staged)
             self.unsynced = True
         if not self.unsynced or self.durability == "none":
             return
-        if self.durability == "fsync" or now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+        if (self.durability == "fsync" and urgent) or now_ms - self.last_sync_ms >= self.fsync_interval_ms:
             self.sync(now_ms)
 
     def sync(self, now_ms: int = 0) -> None:

@@ -27,7 +27,7 @@ class MemoryJournal:
     def append(self, records: Iterable[object]) -> None:
         self.staged.extend(records)
 
-    def commit(self, now_ms: int = 0) -> None:
+    def commit(self, now_ms: int = 0, *, urgent: bool = True) -> None:
         staged, self.staged = self.staged, []
         for rec in staged:
             if isinstance(rec, R.Message):

@@ -1,0 +1,25 @@
+"""Every bench scenario in --quick mode runs and yields complete, sane figures (no timing asserted)."""
+
+import json
+
+import pytest
+
+from bench.__main__ import main
+
+
+@pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups"])
+def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["run", scenario, "--quick", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["python"]
+    assert doc["results"], "no rows"
+    for row in doc["results"]:
+        assert row["scenario"] == scenario
+        if scenario == "latency":
+            for key in ("publish_to_worker_us", "publish_to_confirm_us"):
+                assert all(v is not None and v > 0 for v in row[key].values()), row
+            continue
+        numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message"))]
+        assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers), row
+    assert scenario in capsys.readouterr().out
