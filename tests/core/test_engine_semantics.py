@@ -421,3 +421,34 @@ def test_stats_count_what_happened_per_queue():
     st = h.engine.stats()["queues"]["jobs"]
     assert (st["published"], st["acked"], st["cancelled"], st["leased"], st["redelivered"]) == (2, 1, 1, 1, 1)
     assert st["consumers"][0]["used"] == 1
+
+
+def test_the_time_index_forgets_finished_messages_so_memory_stays_bounded():
+    h = Harness(q(max_per_subscription_backlog=100, lease_ms=10**9))
+    h.sub("s", "jobs", 100)
+    for _ in range(5000):
+        h.now += 1
+        seqs = h.pub("jobs")
+        h.drain()
+        h.engine.ack("s", seqs, h.now)
+    h.now += 2000
+    h.drain()  # writes recovery points, prunes
+    assert len(h.engine.ti_ms) < 1100
+
+
+def test_stats_show_ack_latency_oldest_age_processing_time_and_busy_groups():
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    a = h.pub("jobs", group="g1")[0]
+    h.pub("jobs", 2, group="g1")
+    h.now = 40
+    h.sub("s", "jobs", 10)
+    h.drain()
+    h.now = 70
+    h.engine.ack("s", [a], h.now)
+    st = h.engine.stats()["queues"]["jobs"]
+    lat = st["ack_latency"]
+    assert sum(lat["counts"]) == 1 and lat["sum_ms"] == 70
+    assert lat["counts"][lat["buckets_ms"].index(100)] == 1  # 70 ms falls in the <=100 ms bucket
+    assert st["consumers"][0]["busy_ms"] == 30
+    assert st["oldest_ms"] == 70
+    assert st["group_summary"]["busiest"] == [{"group": "g1", "pending": 2, "owner": None}]

@@ -41,8 +41,8 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     elif bug == "ack-forgets-to-finish":
         original = Queue.ack
 
-        def ack(self, sub, seq):
-            result = original(self, sub, seq)
+        def ack(self, sub, seq, now_ms=0):
+            result = original(self, sub, seq, now_ms)
             if result is None and seq % 5 == 0:
                 self.put_back(seq, self.meta.get(seq, 0) or 1)  # acked, yet back in the queue
             return result

@@ -22,7 +22,7 @@ disk and no randomness; ``zq.testing.simulator`` drives it from a seed.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,6 +33,10 @@ from zq.core import records as R
 from zq.core.errors import LimitError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
 from zq.core.queue import Queue, Subscription
 from zq.core.settings import QueueSettings, auto_queue
+
+
+# Publish -> ack latency histogram bucket upper bounds (ms); the last bucket is +Inf.
+ACK_LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
 
 
 class Deliver(msgspec.Struct, array_like=True, gc=False):
@@ -262,7 +266,17 @@ class Engine:
         self.set_time(now_ms)
         sub = self.sub(sub_id)
         q = sub.queue
-        return [seq for seq in seqs if q.ack(sub, seq) is not None]
+        refused = []
+        hist, edges = q.ack_latency, ACK_LATENCY_BUCKETS_MS
+        now = self.now_ms
+        for seq in seqs:
+            if q.ack(sub, seq, now) is not None:
+                refused.append(seq)
+                continue
+            latency = now - self.publish_time_ms(seq)
+            hist[bisect_left(edges, latency)] += 1
+            q.ack_latency_sum_ms += latency
+        return refused
 
     def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
         self.set_time(now_ms)
@@ -400,12 +414,27 @@ class Engine:
             self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason))
 
     def write_recovery_points(self) -> None:
+        lowest = self.next_seq
         for q in self.queues.values():
             rp = q.compute_recovery_point(self.next_seq)
+            lowest = min(lowest, rp)
             if self.rp_written.get(q.name) != rp:
                 self.rp_written[q.name] = rp
                 q.recovery_point = rp
                 self.records.append(R.RecoveryPoint(q.name, rp, self.now_ms))
+        self.prune_time_index(lowest)
+
+    def prune_time_index(self, lowest_seq: int) -> None:
+        """Forget publish times of finished messages (keeps memory bounded by what waits)."""
+        i = bisect_right(self.ti_seq, lowest_seq) - 1  # keep the entry covering lowest_seq
+        if i > 1024:
+            del self.ti_ms[:i]
+            del self.ti_seq[:i]
+
+    def publish_time_ms(self, seq: int) -> int:
+        """When ``seq`` was published (to the ms), from the time index."""
+        i = bisect_right(self.ti_seq, seq) - 1
+        return self.ti_ms[i] if i >= 0 else self.now_ms
 
     def min_recovery_point(self) -> int:
         """Below this, every queue is finished with every record (retention may delete)."""
@@ -429,12 +458,28 @@ class Engine:
                 "redelivered": q.redelivered,
                 "groups": len(q.groups),
                 "semantics": q.settings.semantics,
+                "oldest_ms": self.oldest_waiting_ms(q),
+                "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
+                                "sum_ms": q.ack_latency_sum_ms},
                 "consumers": [
-                    {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog, "acked": s.acked}
+                    {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog, "acked": s.acked,
+                     "busy_ms": s.busy_ms}
                     for s in q.subs
                 ],
             }
+            if q.grouped:
+                queues[q.name]["group_summary"] = q.group_summary()
         return {"queues": queues, "published": self.published, "next_seq": self.next_seq}
+
+    def oldest_waiting_ms(self, q: Queue) -> int | None:
+        """Age of the oldest waiting message (ms), or None when nothing waits."""
+        if not q.depth:
+            return None
+        oldest = q.oldest_waiting_ungrouped()
+        for g in q.groups.values():
+            if g.has_pending() and (oldest is None or g.pending[g.phead] < oldest):
+                oldest = g.pending[g.phead]
+        return None if oldest is None else self.now_ms - self.publish_time_ms(oldest)
 
     def peek(self, queue: str, limit: int) -> list[tuple[int, int]]:
         """Waiting messages in delivery order as (bookmark, deliveries), without leasing."""

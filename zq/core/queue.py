@@ -63,7 +63,7 @@ class Subscription:
 
     __slots__ = (
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
-        "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked",
+        "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int) -> None:
@@ -79,14 +79,16 @@ class Subscription:
         self.waiting_groups: set[int] = set()  # exclusive groups parked for our credit
         self.owned_groups: set[int] = set()
         self.acked = 0
+        self.busy_ms = 0  # summed delivery -> ack time of its acked messages
 
 
 class Lease:
-    __slots__ = ("sub", "deadline_ms", "seqs", "live")
+    __slots__ = ("sub", "deadline_ms", "seqs", "live", "started_ms")
 
-    def __init__(self, sub: Subscription, deadline_ms: int) -> None:
+    def __init__(self, sub: Subscription, deadline_ms: int, started_ms: int = 0) -> None:
         self.sub = sub
         self.deadline_ms = deadline_ms
+        self.started_ms = started_ms
         self.seqs: list[int] = []
         self.live = 0  # how many of ``seqs`` this lease still holds
 
@@ -146,6 +148,8 @@ class Queue:
         # Counters for stats.
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = self.returned_count = 0
+        self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
+        self.ack_latency_sum_ms = 0
 
     # ----------------------------------------------------------------- routing
 
@@ -336,7 +340,7 @@ class Queue:
     def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
         lease = sub.current
         if lease is None:
-            lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms)
+            lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
             self.lease_fifo.append(lease)
             if len(sub.leases) > 64:
                 sub.leases = [x for x in sub.leases if x.live]
@@ -412,7 +416,7 @@ class Queue:
             del self.groups[grp.gid]
             del self.gid_of[grp.name]
 
-    def ack(self, sub: Subscription, seq: int) -> str | None:
+    def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
         """Returns None when acknowledged, else the reason it was refused."""
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
@@ -425,6 +429,7 @@ class Queue:
         self.finish(seq, m >> _G_SHIFT)
         self.acked += 1
         sub.acked += 1
+        sub.busy_ms += now_ms - lease.started_ms if now_ms else 0
         self.note_event(R.ACKED, sub.consumer, seq, m & _D_MASK)
         return None
 
@@ -462,6 +467,8 @@ class Queue:
         lease = Lease(sub, deadline_ms)
         for seq in seqs:
             old = self.lease_of.get(seq)
+            if old is not None:
+                lease.started_ms = old.started_ms
             if old is None or old.sub is not sub:
                 refused.append(seq)
                 continue
@@ -702,6 +709,26 @@ class Queue:
         if self.removed:
             rp = min(rp, min(self.removed))
         return rp
+
+    def group_summary(self, top: int = 5, scan_max: int = 100_000) -> dict:
+        """Groups in flight and the busiest ones (scans at most ``scan_max`` groups)."""
+        inflight = 0
+        busiest: list[tuple[int, str, str | None]] = []
+        for i, g in enumerate(self.groups.values()):
+            if i >= scan_max:
+                break
+            if g.inflight:
+                inflight += 1
+            pending = len(g.pending) - g.phead
+            if pending:
+                busiest.append((pending, g.name, g.owner.consumer if g.owner is not None else None))
+        busiest.sort(key=lambda x: (-x[0], x[1]))
+        return {
+            "count": len(self.groups),
+            "in_flight": inflight,
+            "busiest": [{"group": n, "pending": p, "owner": o} for p, n, o in busiest[:top]],
+            "scanned": min(len(self.groups), scan_max),
+        }
 
     def deliveries_of(self, seq: int) -> int:
         return self.meta.get(seq, 0) & _D_MASK
