@@ -75,11 +75,14 @@ def serve(
     data: Optional[str] = typer.Option(None, "--data", help="journal directory [default ./zq-data]"),
     bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) [default tcp://127.0.0.1:7780]"),
     durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none [default batch]"),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="serve Prometheus metrics on HOST:PORT (/metrics)"),
 ) -> None:
     """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop)."""
     from zq.server import Server
 
     cfg = load_config(config, data, bind, durability)
+    if metrics:
+        cfg = msgspec.structs.replace(cfg, metrics=metrics)
     try:
         server = Server(cfg)
     except ZqError as exc:
@@ -88,6 +91,8 @@ def serve(
         signal.signal(sig, lambda *_: server.stop())
     queues = ", ".join(server.engine.queues) or "none yet (auto-created on first use)"
     typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}", err=True)
+    if server.metrics is not None:
+        typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()
     typer.echo("zq stopped cleanly", err=True)
 
@@ -236,6 +241,25 @@ def peek(
     for it in items:
         msg = SimpleNamespace(group=it["headers"].get("group"), data=it["payload"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
         typer.echo(message_json(msg))
+
+
+@app.command()
+def top(
+    endpoint: Optional[str] = EndpointOpt,
+    interval: float = typer.Option(1.0, "--interval", "-i", help="seconds between refreshes"),
+    once: bool = typer.Option(False, "--once", help="print one frame as plain text and exit"),
+) -> None:
+    """Live monitor: rates, depth, latency, consumers, groups (keys: d r l n sort, q quit)."""
+    from zq.top import app as top_app
+
+    ep = endpoint_of(endpoint)
+    if once:
+        try:
+            typer.echo(top_app.once(ep, interval), nl=False)
+        except Exception as exc:
+            raise fail(f"cannot reach a zq dispatcher at {ep}: {exc}", RET_CONNECT) from None
+        return
+    top_app.live(ep, interval)
 
 
 @app.command()

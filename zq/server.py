@@ -51,6 +51,7 @@ class Peer:
     name: str
     last_heard_ms: int
     subs: set[str] = field(default_factory=set)  # client sub ids
+    published: int = 0
 
     @property
     def consumer(self) -> str:
@@ -96,6 +97,12 @@ class Server:
         self.frames_in = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
+        self.snapshot: dict | None = None
+        self.metrics = None
+        if config.metrics:
+            from zq.metrics import serve_metrics
+
+            self.metrics = serve_metrics(self, config.metrics)
 
     # ----------------------------------------------------------- lifecycle
 
@@ -119,6 +126,8 @@ class Server:
         if self.closed:
             return
         self.closed = True
+        if self.metrics is not None:
+            self.metrics.shutdown()
         self.sock.close(linger=500)
         self.journal.close()
         os.close(self.wake_r)
@@ -258,6 +267,9 @@ class Server:
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
         bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
+        peer = self.peers.get(peer_id)
+        if peer is not None:
+            peer.published += len(bookmarks)
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
@@ -343,6 +355,8 @@ class Server:
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
         self.samples.append((now, self.totals()))
+        if self.metrics is not None:
+            self.snapshot = self.stats(now)  # read by the metrics thread; replaced, never mutated
         while len(self.samples) > 1 and now - self.samples[0][0] > 5000:
             self.samples.popleft()
         dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
@@ -392,15 +406,24 @@ class Server:
 
     def stats(self, now: int) -> dict:
         st = self.engine.stats()
-        names = {p.consumer: p.name for p in self.peers.values()}
         for q in st["queues"].values():
             for c in q["consumers"]:
-                c["name"] = names.get(c["consumer"], "")
+                peer = self.peers.get(bytes.fromhex(c["consumer"]))
+                c["name"] = peer.name if peer is not None else ""
+                c["heard_ms_ago"] = now - peer.last_heard_ms if peer is not None else None
+        st["peers"] = [
+            {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
+             "subscriptions": len(p.subs), "published": p.published}
+            for p in self.peers.values()
+        ]
         st["server"] = {
             "version": SERVER_NAME,
             "uptime_ms": now - self.started_ms,
             "durability": self.config.durability,
             "journal_bytes": self.journal.size_bytes(),
+            "journal_map_bytes": self.journal.env.info()["map_size"],
+            "publishers": sum(1 for p in self.peers.values() if p.published and not p.subs),
+            "workers": sum(1 for p in self.peers.values() if p.subs),
             "peers": len(self.peers),
             "frames_in": self.frames_in,
             "endpoints": self.endpoints,

@@ -451,4 +451,4 @@ def test_stats_show_ack_latency_oldest_age_processing_time_and_busy_groups():
     assert lat["counts"][lat["buckets_ms"].index(100)] == 1  # 70 ms falls in the <=100 ms bucket
     assert st["consumers"][0]["busy_ms"] == 30
     assert st["oldest_ms"] == 70
-    assert st["group_summary"]["busiest"] == [{"group": "g1", "pending": 2, "owner": None}]
+    assert st["group_summary"]["busiest"] == [{"group": "g1", "pending": 2, "owner": None}]  # count - in flight

@@ -719,7 +719,7 @@ class Queue:
                 break
             if g.inflight:
                 inflight += 1
-            pending = len(g.pending) - g.phead
+            pending = g.count - g.inflight  # waiting anywhere: parked or still in the fifo
             if pending:
                 busiest.append((pending, g.name, g.owner.consumer if g.owner is not None else None))
         busiest.sort(key=lambda x: (-x[0], x[1]))

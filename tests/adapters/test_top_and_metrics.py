@@ -1,0 +1,151 @@
+"""`zq top` in a real terminal (tmux) and `/metrics` scraped over HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from zq.client import Client
+
+from .support import ROOT, ServerProcess, WorkerProcess, env, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tmux:
+    def __init__(self, name: str, command: str) -> None:
+        self.name = name
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "140", "-y", "50", command], check=True,
+                       env=env(), cwd=ROOT)
+
+    def screen(self) -> str:
+        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        return out.stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def alive(self) -> bool:
+        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def publish_for(endpoint: str, seconds: float, stop: threading.Event) -> None:
+    """A bounded publisher: ~200 msg/s until ``seconds`` pass or ``stop`` is set."""
+    deadline = time.monotonic() + seconds
+    with Client(endpoint) as c:
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                c.publish_many("jobs", [b"x"] * 20, timeout=5)
+            except Exception:
+                pass  # the server is being restarted by the test
+            time.sleep(0.1)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux); .ci/run installs it")
+def test_zq_top_in_a_terminal_shows_the_fleet_the_lost_server_and_the_recovery(tmp_path):
+    server = ServerProcess(tmp_path).start()
+    worker = WorkerProcess(server.endpoint, "jobs", tmp_path / "w.log")
+    stop = threading.Event()
+    pub = threading.Thread(target=publish_for, args=(server.endpoint, 60, stop), daemon=True)
+    top = None
+    try:
+        wait_until(lambda: worker.log.exists(), what="worker subscribed")
+        pub.start()
+        top = Tmux("zqtop", f"{sys.executable} -m zq.cli top --endpoint {server.endpoint} --interval 0.3")
+        def fleet_shown() -> str | None:
+            screen = top.screen()
+            return screen if "jobs" in screen and "test-ack" in screen else None
+
+        first = wait_until(fleet_shown, what="zq top to show the queue and the worker")
+        assert "connected" in first and "queues" in first and "consumers" in first
+
+        def out_rate() -> int:
+            for line in top.screen().splitlines():
+                cells = line.split()
+                if cells[:1] == ["jobs"] and len(cells) > 5:
+                    return int(cells[4].replace(",", ""))
+            return 0
+
+        wait_until(lambda: out_rate() > 0, what="a non-zero ack rate for jobs")
+        server.kill()
+        wait_until(lambda: "disconnected, retrying" in top.screen(), timeout=20, what="the disconnected state")
+        server.start()
+        wait_until(lambda: "connected" in top.screen() and "disconnected" not in top.screen(), timeout=30,
+                   what="zq top to recover by itself")
+        top.keys("r")
+        wait_until(lambda: "sorted by rate" in top.screen(), what="the sort key to take effect")
+        top.keys("q")
+        wait_until(lambda: not top.alive(), what="q to quit")
+    finally:
+        stop.set()
+        if top is not None:
+            top.kill()
+        worker.stop()
+        server.terminate()
+
+
+def test_zq_top_once_prints_one_plain_frame(tmp_path):
+    server = ServerProcess(tmp_path).start()
+    try:
+        with Client(server.endpoint) as c:
+            c.publish_many("orders", ["x"] * 5, group="acme")
+        run = subprocess.run([sys.executable, "-m", "zq.cli", "top", "--once", "--interval", "0.2", "--endpoint",
+                              server.endpoint], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert "orders" in run.stdout and "acme (5)" in run.stdout and "\x1b[" not in run.stdout
+    finally:
+        server.terminate()
+
+
+def test_metrics_are_scraped_and_parse_as_prometheus_text(tmp_path):
+    port = free_port()
+    server = ServerProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()
+    try:
+        with Client(server.endpoint) as c:
+            c.publish_many("jobs", ["a", "b", "c"])
+            with c.subscribe("jobs", max_backlog=3) as sub:
+                for _ in range(3):
+                    sub.get(5).ack()
+
+        def scrape() -> dict:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            return {f.name: f for f in text_string_to_metric_families(body)}
+
+        def scraped_with_acks() -> dict | None:
+            families = scrape()
+            return families if _acked(families) == 3 else None
+
+        families = wait_until(scraped_with_acks, what="metrics to show 3 acks")
+        depth = {s.labels["queue"]: s.value for s in families["zq_queue_depth"].samples}
+        assert depth["jobs"] == 0
+        hist = families["zq_ack_latency_seconds"]
+        assert hist.type == "histogram"
+        counts = {s.name: s.value for s in hist.samples if s.labels.get("queue") == "jobs" and s.name.endswith("_count")}
+        inf = [s.value for s in hist.samples if s.labels.get("le") == "+Inf" and s.labels.get("queue") == "jobs"]
+        assert counts["zq_ack_latency_seconds_count"] == 3 and inf == [3]
+        assert families["zq_journal_bytes"].samples[0].value > 0
+    finally:
+        server.terminate()
+
+
+def _acked(families: dict) -> float:
+    fam = families.get("zq_acked")
+    if fam is None:
+        return -1
+    return sum(s.value for s in fam.samples if s.labels.get("queue") == "jobs" and s.name == "zq_acked_total")

@@ -1,0 +1,33 @@
+"""Two recorded stats snapshots one second apart (shape of the server's STATS reply)."""
+
+BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
+
+
+def snapshot(published, acked, depth, counts, sub_acked, busy_ms, uptime_ms):
+    return {
+        "server": {"version": "zq/0.1.0", "uptime_ms": uptime_ms, "durability": "batch", "journal_bytes": 5 * 2**20,
+                   "journal_map_bytes": 2**40, "rates": {"publish": 1200.0, "deliver": 1100.0, "ack": 1100.0},
+                   "publishers": 1, "workers": 2},
+        "queues": {
+            "jobs": {"depth": depth, "leased": 12, "published": published, "acked": acked, "redelivered": 3,
+                     "expired": 1, "dead_lettered": 1, "delivered": acked + 12, "cancelled": 2, "groups": 0,
+                     "oldest_ms": 1500, "semantics": "at-least-once",
+                     "ack_latency": {"buckets_ms": BUCKETS, "counts": counts, "sum_ms": 0},
+                     "consumers": [
+                         {"sub": "a/s1", "consumer": "a", "name": "host:101", "used": 8, "backlog": 16,
+                          "acked": sub_acked[0], "busy_ms": busy_ms[0], "heard_ms_ago": 200},
+                         {"sub": "b/s1", "consumer": "b", "name": "host:102 slow", "used": 4, "backlog": 16,
+                          "acked": sub_acked[1], "busy_ms": busy_ms[1], "heard_ms_ago": 900},
+                     ]},
+            "orders": {"depth": 40, "leased": 2, "published": 40, "acked": 0, "redelivered": 0, "expired": 0,
+                       "dead_lettered": 0, "delivered": 2, "cancelled": 0, "groups": 7, "oldest_ms": None,
+                       "semantics": "at-least-once",
+                       "ack_latency": {"buckets_ms": BUCKETS, "counts": [0] * 16, "sum_ms": 0}, "consumers": [],
+                       "group_summary": {"count": 7, "in_flight": 2, "scanned": 7,
+                                         "busiest": [{"group": "acme", "pending": 30, "owner": None}]}},
+        },
+    }
+
+
+PREV = snapshot(1000, 900, 100, [0, 0, 100, 400, 300, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], (500, 400), (5000, 40000), 10_000)
+CURR = snapshot(2200, 2000, 200, [0, 0, 200, 900, 700, 280, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0], (1100, 900), (11000, 90000), 11_000)

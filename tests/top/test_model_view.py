@@ -1,0 +1,71 @@
+"""The pure layers of `zq top`: model from two snapshots, view recorded as text."""
+
+from pathlib import Path
+
+from rich.console import Console
+
+from zq.top import model as M
+from zq.top.view import render, sparkline
+
+from .fixtures import CURR, PREV
+
+GOLDEN = Path(__file__).with_name("golden_frame.txt")
+
+
+def frame_text(m: M.TopModel) -> str:
+    console = Console(width=110, record=True, file=open("/dev/null", "w"), color_system=None)
+    console.print(render(m))
+    return console.export_text()
+
+
+def test_rates_come_from_the_difference_of_two_snapshots():
+    m = M.build("tcp://x", PREV, CURR, 1000, M.History())
+    jobs = next(q for q in m.queues if q.name == "jobs")
+    assert (jobs.in_rate, jobs.out_rate) == (1200.0, 1100.0)
+
+
+def test_latency_percentiles_use_only_the_last_interval():
+    m = M.build("tcp://x", PREV, CURR, 1000, M.History())
+    jobs = next(q for q in m.queues if q.name == "jobs")
+    # this interval: 100 <=5ms, 500 <=10ms, 400 <=25ms, 180 <=50ms, 20 <=100ms (1200 acks):
+    # rank 600 is the last of the <=10ms bucket, rank 1188 lies in the <=100ms one
+    assert (jobs.p50_ms, jobs.p99_ms) == (10.0, 100.0)
+
+
+def test_consumers_show_ack_rate_and_mean_processing_time_so_the_slow_one_stands_out():
+    m = M.build("tcp://x", PREV, CURR, 1000, M.History())
+    fast, slow = m.consumers
+    assert (fast.ack_rate, fast.mean_ms) == (600.0, 10.0)
+    assert (slow.ack_rate, slow.mean_ms) == (500.0, 100.0)
+
+
+def test_sort_keys_reorder_the_queues():
+    assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "depth").queues] == ["jobs", "orders"]
+    assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "name").queues] == ["jobs", "orders"]
+    assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "latency").queues][0] == "jobs"
+
+
+def test_the_first_frame_has_no_rates_yet():
+    m = M.build("e", None, CURR, 0, M.History())
+    assert all(q.in_rate == 0 for q in m.queues)
+
+
+def test_depth_history_feeds_a_sparkline():
+    h = M.History()
+    for depth in (0, 50, 100):
+        m = M.build("e", PREV, {**CURR, "queues": {"jobs": {**CURR["queues"]["jobs"], "depth": depth}}}, 1000, h)
+    assert m.queues[0].depth_history == [0, 50, 100]
+    assert sparkline([0, 50, 100]) == " ▄█"
+
+
+def test_the_frame_matches_the_recorded_text():
+    text = frame_text(M.build("tcp://127.0.0.1:7780", PREV, CURR, 1000, M.History()))
+    if not GOLDEN.exists():  # first run writes it; review it, commit it
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_a_lost_server_shows_disconnected_with_the_last_figures():
+    last = M.build("tcp://x", PREV, CURR, 1000, M.History())
+    text = frame_text(M.disconnected("tcp://x", last, "ConnectionLost"))
+    assert "disconnected, retrying (ConnectionLost)" in text and "jobs" in text

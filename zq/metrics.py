@@ -1,0 +1,104 @@
+"""Prometheus metrics for `zq serve --metrics HOST:PORT`, with the standard client library.
+
+The collector never touches engine state: the server loop replaces ``server.snapshot``
+(a stats dict) on every heartbeat tick, and a scrape renders the latest one.
+
+Metric names (all labelled by ``queue`` where per queue):
+
+* ``zq_queue_depth``, ``zq_queue_leased``, ``zq_queue_consumers``, ``zq_queue_groups`` (gauges)
+* ``zq_published_total``, ``zq_delivered_total``, ``zq_acked_total``, ``zq_cancelled_total``,
+  ``zq_expired_total``, ``zq_dead_lettered_total``, ``zq_redelivered_total`` (counters)
+* ``zq_queue_oldest_message_seconds`` (gauge; 0 when nothing waits)
+* ``zq_ack_latency_seconds`` (histogram: publish -> ack; ``_bucket``, ``_sum``, ``_count``)
+* ``zq_journal_bytes``, ``zq_uptime_seconds``, ``zq_peers``, ``zq_workers`` (gauges)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from zq.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zq.server import Server
+
+COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered")
+
+
+class ZqCollector:
+    def __init__(self, server: "Server") -> None:
+        self.server = server
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        st = self.server.snapshot
+        if st is None:
+            return
+        yield from queue_metrics(st)
+        srv = st["server"]
+        for name, value, doc in (
+            ("zq_journal_bytes", srv["journal_bytes"], "Bytes used by the LMDB journal"),
+            ("zq_uptime_seconds", srv["uptime_ms"] / 1000, "Seconds since the dispatcher started"),
+            ("zq_peers", srv["peers"], "Connected clients with a session"),
+            ("zq_workers", srv["workers"], "Connected clients with at least one subscription"),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+
+
+def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
+    gauges = {
+        "depth": GaugeMetricFamily("zq_queue_depth", "Messages waiting", labels=["queue"]),
+        "leased": GaugeMetricFamily("zq_queue_leased", "Messages leased to consumers", labels=["queue"]),
+        "groups": GaugeMetricFamily("zq_queue_groups", "Message groups known", labels=["queue"]),
+    }
+    consumers = GaugeMetricFamily("zq_queue_consumers", "Subscriptions", labels=["queue"])
+    oldest = GaugeMetricFamily("zq_queue_oldest_message_seconds", "Age of the oldest waiting message", labels=["queue"])
+    counters = {k: CounterMetricFamily(f"zq_{k}", f"Messages {k.replace('_', ' ')}", labels=["queue"]) for k in COUNTERS}
+    hist = HistogramMetricFamily("zq_ack_latency_seconds", "Publish to ack latency", labels=["queue"])
+    for name, q in sorted(st["queues"].items()):
+        for key, fam in gauges.items():
+            fam.add_metric([name], q[key])
+        consumers.add_metric([name], len(q["consumers"]))
+        oldest.add_metric([name], (q["oldest_ms"] or 0) / 1000)
+        for key, fam in counters.items():
+            fam.add_metric([name], q[key])
+        lat = q["ack_latency"]
+        cumulative, buckets = 0, []
+        for edge, count in zip([*lat["buckets_ms"], None], lat["counts"]):
+            cumulative += count
+            buckets.append(("+Inf" if edge is None else str(edge / 1000), cumulative))
+        hist.add_metric([name], buckets, lat["sum_ms"] / 1000)
+    yield from gauges.values()
+    yield consumers
+    yield oldest
+    yield from counters.values()
+    yield hist
+
+
+class MetricsEndpoint:
+    def __init__(self, httpd, thread: threading.Thread) -> None:  # type: ignore[no-untyped-def]
+        self.httpd = httpd
+        self.thread = thread
+        self.port = httpd.server_address[1]
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+def serve_metrics(server: "Server", address: str) -> MetricsEndpoint:
+    from prometheus_client import start_http_server
+
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"--metrics wants HOST:PORT, got {address!r}")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ZqCollector(server))  # type: ignore[arg-type]
+    httpd, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    return MetricsEndpoint(httpd, thread)

@@ -1,0 +1,149 @@
+"""Pure: two stats snapshots and the time between them -> what `zq top` shows."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+SPARK_POINTS = 60  # one minute of depth at the default 1 s interval
+
+
+@dataclass
+class QueueRow:
+    name: str
+    depth: int
+    leased: int
+    in_rate: float
+    out_rate: float
+    oldest_ms: int | None
+    redelivered: int
+    expired: int
+    dead_lettered: int
+    consumers: int
+    p50_ms: float | None
+    p99_ms: float | None
+    depth_history: list[int]
+
+
+@dataclass
+class ConsumerRow:
+    name: str
+    queue: str
+    used: int
+    backlog: int
+    ack_rate: float
+    mean_ms: float | None
+    heard_ms_ago: int | None
+
+
+@dataclass
+class GroupRow:
+    queue: str
+    groups: int
+    in_flight: int
+    busiest: list[dict]
+
+
+@dataclass
+class TopModel:
+    endpoint: str
+    version: str
+    uptime_ms: int
+    durability: str
+    journal_bytes: int
+    journal_map_bytes: int
+    rates: dict[str, float]
+    publishers: int
+    workers: int
+    queues: list[QueueRow]
+    consumers: list[ConsumerRow]
+    groups: list[GroupRow]
+    sort: str = "depth"
+    connected: bool = True
+    note: str = ""
+
+
+@dataclass
+class History:
+    """What the model remembers across frames: depth samples per queue."""
+
+    depth: dict[str, deque[int]] = field(default_factory=dict)
+
+    def add(self, name: str, depth: int) -> list[int]:
+        d = self.depth.setdefault(name, deque(maxlen=SPARK_POINTS))
+        d.append(depth)
+        return list(d)
+
+
+def percentile_ms(buckets_ms: list[int], counts: list[int], p: float) -> float | None:
+    """The upper bound of the bucket holding the p-th percentile (None: no samples)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = total * p / 100, 0
+    for edge, count in zip([*buckets_ms, None], counts):
+        seen += count
+        if seen >= rank:
+            return float(edge) if edge is not None else float("inf")
+    return float("inf")  # pragma: no cover
+
+
+def rate(curr: int, prev: int | None, dt_s: float) -> float:
+    if prev is None or dt_s <= 0:
+        return 0.0
+    return max(curr - prev, 0) / dt_s
+
+
+SORTS = {
+    "depth": lambda r: (-r.depth, r.name),
+    "rate": lambda r: (-(r.in_rate + r.out_rate), r.name),
+    "latency": lambda r: (-(r.p99_ms if r.p99_ms is not None else -1), r.name),
+    "name": lambda r: r.name,
+}
+
+
+def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: History, sort: str = "depth") -> TopModel:
+    dt = dt_ms / 1000
+    prevq = (prev or {}).get("queues", {})
+    queues, consumers, groups = [], [], []
+    for name, q in curr["queues"].items():
+        p = prevq.get(name)
+        lat = q["ack_latency"]
+        delta = [c - (p["ack_latency"]["counts"][i] if p else 0) for i, c in enumerate(lat["counts"])]
+        queues.append(QueueRow(
+            name=name, depth=q["depth"], leased=q["leased"],
+            in_rate=rate(q["published"], p and p["published"], dt), out_rate=rate(q["acked"], p and p["acked"], dt),
+            oldest_ms=q.get("oldest_ms"), redelivered=q["redelivered"], expired=q["expired"],
+            dead_lettered=q["dead_lettered"], consumers=len(q["consumers"]),
+            p50_ms=percentile_ms(lat["buckets_ms"], delta, 50), p99_ms=percentile_ms(lat["buckets_ms"], delta, 99),
+            depth_history=history.add(name, q["depth"]),
+        ))
+        before = {c["sub"]: c for c in (p or {}).get("consumers", [])}
+        for c in q["consumers"]:
+            b = before.get(c["sub"])
+            acked = c["acked"] - (b["acked"] if b else 0)
+            busy = c["busy_ms"] - (b["busy_ms"] if b else 0)
+            consumers.append(ConsumerRow(
+                name=c.get("name") or c["consumer"], queue=name, used=c["used"], backlog=c["backlog"],
+                ack_rate=rate(c["acked"], b and b["acked"], dt), mean_ms=busy / acked if acked > 0 else None,
+                heard_ms_ago=c.get("heard_ms_ago"),
+            ))
+        if "group_summary" in q and q["group_summary"]["count"]:
+            gs = q["group_summary"]
+            groups.append(GroupRow(name, gs["count"], gs["in_flight"], gs["busiest"]))
+    queues.sort(key=SORTS.get(sort, SORTS["depth"]))
+    consumers.sort(key=lambda c: (c.queue, c.name))
+    srv = curr["server"]
+    return TopModel(
+        endpoint=endpoint, version=srv["version"], uptime_ms=srv["uptime_ms"], durability=srv["durability"],
+        journal_bytes=srv["journal_bytes"], journal_map_bytes=srv.get("journal_map_bytes", 0), rates=srv.get("rates", {}),
+        publishers=srv.get("publishers", 0), workers=srv.get("workers", 0),
+        queues=queues, consumers=consumers, groups=groups, sort=sort,
+    )
+
+
+def disconnected(endpoint: str, last: TopModel | None, reason: str) -> TopModel:
+    """The frame shown while the server is away: the last figures, marked stale."""
+    if last is None:
+        return TopModel(endpoint, "?", 0, "?", 0, 0, {}, 0, 0, [], [], [], connected=False, note=reason)
+    return TopModel(**{**last.__dict__, "connected": False, "note": reason})

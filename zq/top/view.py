@@ -1,0 +1,98 @@
+"""Pure: TopModel -> rich renderables. Tested against recorded text."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from zq.top.model import TopModel
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int], width: int = 20) -> str:
+    values = values[-width:]
+    if not values:
+        return ""
+    top = max(values) or 1
+    return "".join(BARS[min(len(BARS) - 1, round(v * (len(BARS) - 1) / top))] for v in values)
+
+
+def bar(used: int, limit: int, width: int = 10) -> str:
+    filled = round(width * used / limit) if limit else 0
+    return "█" * filled + "·" * (width - filled)
+
+
+def human_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms == float("inf"):
+        return ">60s"
+    if ms < 1000:
+        return f"{ms:.0f}ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f}s"
+    return f"{ms / 60_000:.0f}m"
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return ""  # pragma: no cover
+
+
+def header(m: TopModel) -> Panel:
+    r = m.rates
+    state = Text("connected", style="green") if m.connected else Text(f"disconnected, retrying ({m.note})", style="bold red")
+    line1 = Text.assemble(("zq top ", "bold"), f"{m.endpoint}  {m.version}  up {human_ms(m.uptime_ms)}  ", state)
+    line2 = Text(
+        f"durability {m.durability}   journal {human_bytes(m.journal_bytes)} of map {human_bytes(m.journal_map_bytes)}   "
+        f"publish {r.get('publish', 0):,.0f}/s  deliver {r.get('deliver', 0):,.0f}/s  ack {r.get('ack', 0):,.0f}/s   "
+        f"publishers {m.publishers}  workers {m.workers}"
+    )
+    return Panel(Group(line1, line2), padding=(0, 1))
+
+
+def queues_table(m: TopModel) -> Table:
+    t = Table(title=f"queues (sorted by {m.sort}; keys: d depth, r rate, l latency, n name, q quit)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("queue", "depth", "leased", "in/s", "out/s", "oldest", "redel", "exp", "dead", "cons", "p50", "p99", "1 min"):
+        t.add_column(col, justify="left" if col in ("queue", "1 min") else "right", no_wrap=True)
+    for q in m.queues:
+        t.add_row(q.name, f"{q.depth:,}", f"{q.leased:,}", f"{q.in_rate:,.0f}", f"{q.out_rate:,.0f}", human_ms(q.oldest_ms),
+                  f"{q.redelivered:,}", f"{q.expired:,}", f"{q.dead_lettered:,}", str(q.consumers),
+                  human_ms(q.p50_ms), human_ms(q.p99_ms), sparkline(q.depth_history, 12))
+    return t
+
+
+def consumers_table(m: TopModel) -> Table:
+    t = Table(title="consumers", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("worker", "left"), ("queue", "left"), ("backlog", "left"), ("acks/s", "right"),
+                      ("mean processing", "right"), ("last heard", "right")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for c in m.consumers:
+        t.add_row(c.name, c.queue, f"{bar(c.used, c.backlog)} {c.used}/{c.backlog}", f"{c.ack_rate:,.0f}",
+                  human_ms(c.mean_ms), human_ms(c.heard_ms_ago) + " ago" if c.heard_ms_ago is not None else "-")
+    return t
+
+
+def groups_table(m: TopModel) -> Table:
+    t = Table(title="groups", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("queue", "groups", "in flight", "busiest (pending, owner)"):
+        t.add_column(col, no_wrap=True)
+    for g in m.groups:
+        busiest = ", ".join(f"{b['group']} ({b['pending']}{', ' + b['owner'][:8] if b['owner'] else ''})" for b in g.busiest)
+        t.add_row(g.queue, f"{g.groups:,}", f"{g.in_flight:,}", busiest or "-")
+    return t
+
+
+def render(m: TopModel) -> Group:
+    parts = [header(m), queues_table(m), consumers_table(m)]
+    if m.groups:
+        parts.append(groups_table(m))
+    return Group(*parts)
