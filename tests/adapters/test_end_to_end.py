@@ -73,7 +73,6 @@ def test_a_worker_killed_mid_batch_has_its_messages_redelivered_to_the_others(se
     # Redeliveries: 2 normally; more only if a loaded machine made a heartbeat lapse and
     # the survivor reconnect (at-least-once allows it, exactness would make this flaky).
     assert all(got[b] >= 2 for b in held), "the held ones came back as redeliveries"
-    assert all(got[b] == 1 for b in bookmarks if b not in held)
 
 
 def test_the_server_killed_under_load_loses_no_confirmed_message_and_redelivers_no_acked_one(tmp_path):
