@@ -1,7 +1,8 @@
 """zq benchmarks: ``python -m bench run SCENARIO [--quick]`` prints a table and writes JSON.
 
 Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency, peak,
-groups (a real `zq serve` with worker processes over tcp loopback). Results go to
+groups (a real `zq serve` with worker processes over tcp loopback), memory (heap and
+RSS per queued message), recovery (start-up time from a big journal). Results go to
 bench/results/.
 """
 
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups")
+SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery")
 
 
 def machine() -> dict:
@@ -71,6 +72,15 @@ def run(scenario: str, quick: bool) -> list[dict]:
     if scenario == "groups":
         n = 5_000 if quick else 100_000
         return [e2e.throughput(n, groups=g) for g in (1000, 10)]
+    from bench import scale
+
+    if scenario == "memory":
+        if quick:
+            return [{**engine.memory(20_000), **scale.server_memory(20_000)}]
+        rows = [{**engine.memory(n), **scale.server_memory(n)} for n in (1_000_000, 10_000_000)]
+        return rows + [{**engine.memory(1_000_000), **scale.server_memory(1_000_000, size=4096)}]
+    if scenario == "recovery":
+        return [scale.recovery(20_000, 2_000) if quick else scale.recovery(10_000_000, 1_000_000)]
     raise SystemExit(f"unknown scenario {scenario!r}; try {', '.join(SCENARIOS)}")
 
 

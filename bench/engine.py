@@ -28,7 +28,7 @@ def memory(n: int, grouped: bool = False, groups: int = 1000) -> dict:
     tracemalloc.stop()
     q = engine.queues["jobs"]
     assert q.depth == n
-    return {"scenario": "engine-memory", "queued": n, "grouped": grouped, "bytes_per_message": round(grown / n, 1)}
+    return {"scenario": "engine-memory", "queued": n, "grouped": grouped, "heap_bytes_per_message": round(grown / n, 1)}
 
 
 def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0) -> dict:

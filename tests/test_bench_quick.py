@@ -7,7 +7,7 @@ import pytest
 from bench.__main__ import main
 
 
-@pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups"])
+@pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["run", scenario, "--quick", "--out", str(out)]) == 0
@@ -20,6 +20,6 @@ def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys
             for key in ("publish_to_worker_us", "publish_to_confirm_us"):
                 assert all(v is not None and v > 0 for v in row[key].values()), row
             continue
-        numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message"))]
+        numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]
         assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers), row
     assert scenario in capsys.readouterr().out
