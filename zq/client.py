@@ -260,7 +260,8 @@ class Client:
         window: int = 16 * 64,
     ) -> None:
         self.endpoint = endpoint
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        where = f"{socket.gethostname()}:{os.getpid()}"
+        self.name = f"{where} {name}" if name else where  # operators see both (zq top, stats)
         self.ctx = context or zmq.Context.instance()
         self.heartbeat_ms = heartbeat_ms
         self.liveness = liveness

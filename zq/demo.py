@@ -7,7 +7,6 @@ in a temporary directory. The summary comes from the dispatcher's own stats.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal

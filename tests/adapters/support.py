@@ -28,6 +28,17 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.01, what: s
         time.sleep(interval)
 
 
+def raw_dealer(endpoint: str):  # type: ignore[no-untyped-def]
+    """A bare DEALER socket (no zq client) for speaking ZQP/1 frame by frame."""
+    import zmq
+
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.RCVTIMEO, 5000)
+    raw.connect(endpoint)
+    return raw
+
+
 class ServerProcess:
     """`zq serve` in its own process, on an ipc endpoint inside ``data_dir``."""
 

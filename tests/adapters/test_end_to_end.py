@@ -5,14 +5,13 @@ from __future__ import annotations
 import collections
 
 import pytest
-import zmq
 
 from zq import wire
 from zq.client import Client
 from zq.core import records as R
 from zq.journal.lmdb_journal import LmdbJournal
 
-from .support import ServerProcess, WorkerProcess, wait_until
+from .support import ServerProcess, WorkerProcess, raw_dealer, wait_until
 
 
 @pytest.fixture
@@ -135,11 +134,7 @@ def test_sequenced_groups_stay_in_order_across_several_workers(server, tmp_path)
 
 def test_malformed_frames_get_error_replies_while_a_real_worker_keeps_working(server, tmp_path):
     worker = WorkerProcess(server.endpoint, "jobs", tmp_path / "w.log")
-    ctx = zmq.Context.instance()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.setsockopt(zmq.RCVTIMEO, 5000)
-    raw.connect(server.endpoint)
+    raw = raw_dealer(server.endpoint)
     try:
         wait_until(lambda: worker.log.exists(), what="worker subscribed")
         with Client(server.endpoint) as c:
@@ -176,11 +171,7 @@ def test_malformed_frames_get_error_replies_while_a_real_worker_keeps_working(se
 
 def test_a_silent_worker_is_declared_dead_and_its_leases_break(tmp_path):
     server = ServerProcess(tmp_path).start()
-    ctx = zmq.Context.instance()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.setsockopt(zmq.RCVTIMEO, 5000)
-    raw.connect(server.endpoint)
+    raw = raw_dealer(server.endpoint)
     try:
         raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "hung")))
         raw.recv()

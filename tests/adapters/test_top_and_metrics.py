@@ -74,6 +74,7 @@ def test_zq_top_in_a_terminal_shows_the_fleet_the_lost_server_and_the_recovery(t
 
         first = wait_until(fleet_shown, what="zq top to show the queue and the worker")
         assert "connected" in first and "queues" in first and "consumers" in first
+        assert f":{worker.proc.pid} test-ack" in first, "the worker shows as host:pid and its name"
 
         def out_rate() -> int:
             for line in top.screen().splitlines():

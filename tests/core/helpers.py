@@ -25,6 +25,14 @@ class Harness:
             got.setdefault(d.sub_id, []).extend(d.seqs)
         return got
 
+    def commit_to(self, journal) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+        """Drain, append this step's records to ``journal`` and commit them."""
+        got = self.drain()
+        journal.append(self.records)
+        self.records = []
+        journal.commit(self.now)
+        return got
+
     def advance(self, ms: int) -> None:
         self.now += ms
         self.engine.advance(self.now)

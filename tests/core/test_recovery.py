@@ -8,12 +8,6 @@ from zq.journal.memory_journal import MemoryJournal
 from .helpers import Harness
 
 
-def commit(h: Harness, journal: MemoryJournal) -> dict:
-    got = h.drain()
-    journal.append(h.records)
-    h.records = []
-    journal.commit(h.now)
-    return got
 
 
 def restart(journal: MemoryJournal, *queues: QueueSettings) -> Harness:
@@ -28,10 +22,10 @@ def test_acked_messages_are_never_redelivered_and_unacked_ones_come_back_with_co
     h = Harness(settings)
     a, b, c = h.pub("jobs", 3)
     h.sub("s", "jobs", 10)
-    commit(h, j)
+    h.commit_to(j)
     h.engine.ack("s", [a], h.now)
     h.engine.cancel("s", [b], h.now)
-    commit(h, j)  # b redelivered (2nd delivery), c still leased from the first
+    h.commit_to(j)  # b redelivered (2nd delivery), c still leased from the first
     h2 = restart(j, settings)
     h2.sub("t", "jobs", 10)
     assert h2.drain() == {"t": [b, c]}
@@ -45,7 +39,7 @@ def test_uncommitted_work_is_lost_but_committed_work_is_not():
     h = Harness(settings)
     a = h.pub("jobs")[0]
     h.sub("s", "jobs")
-    commit(h, j)
+    h.commit_to(j)
     h.engine.ack("s", [a], h.now)
     h.pub("jobs")  # never committed: the publisher never got a confirmation
     h.drain()
@@ -61,7 +55,7 @@ def test_group_order_and_auto_created_queues_survive_a_restart():
     h = Harness()
     seqs = [h.pub("orders", group="A")[0] for _ in range(3)]
     h.sub("s", "orders", 10)
-    commit(h, j)
+    h.commit_to(j)
     h2 = restart(j)
     assert "orders" in h2.engine.queues
     h2.sub("t", "orders", 10)
@@ -76,10 +70,10 @@ def test_recovery_reads_from_the_recovery_point_not_the_start():
     h = Harness(settings)
     seqs = h.pub("jobs", 50)
     h.sub("s", "jobs", 100)
-    commit(h, j)
+    h.commit_to(j)
     h.engine.ack("s", seqs[:40], h.now)
     h.now += 5000  # past the recovery-point interval
-    commit(h, j)
+    h.commit_to(j)
     assert j.recovery_points()["jobs"] == seqs[40]
     read = []
     original = j.read_messages
@@ -95,7 +89,7 @@ def test_at_most_once_deliveries_are_gone_after_a_restart():
     h = Harness(settings)
     a, b = h.pub("jobs", 2)
     h.sub("s", "jobs", 1)
-    commit(h, j)
+    h.commit_to(j)
     h2 = restart(j, settings)
     h2.sub("t", "jobs", 5)
     assert h2.drain() == {"t": [b]}
@@ -107,9 +101,10 @@ def test_a_message_out_of_deliveries_at_the_crash_expires_on_recovery():
     h = Harness(settings)
     a = h.pub("jobs")[0]
     h.sub("s", "jobs")
-    commit(h, j)
+    h.commit_to(j)
     h2 = restart(j, settings)
     out = h2.engine.drain(0)
-    assert [(e.kind, e.reason) for e in out.records if isinstance(e, R.Event)] == [(R.EXPIRED, R.REASON_MAX_DELIVERIES)]
+    expired = [(e.kind, e.reason, e.bookmarks) for e in out.records if isinstance(e, R.Event)]
+    assert expired == [(R.EXPIRED, R.REASON_MAX_DELIVERIES, [a])]
     assert h2.engine.queues["jobs"].depth == 0
     assert h2.engine.queues["dlq"].depth == 1

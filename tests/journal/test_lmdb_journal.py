@@ -17,12 +17,6 @@ from zq.journal.lmdb_journal import LmdbJournal
 from ..core.helpers import Harness
 
 
-def run_step(h: Harness, j: LmdbJournal) -> dict:
-    got = h.drain()
-    j.append(h.records)
-    h.records = []
-    j.commit(h.now)
-    return got
 
 
 def test_messages_events_and_queue_state_round_trip(tmp_path):
@@ -32,10 +26,10 @@ def test_messages_events_and_queue_state_round_trip(tmp_path):
     a = h.pub("jobs")[0]
     b = h.pub("jobs", group="g1")[0]
     h.sub("s", "jobs", 5)
-    run_step(h, j)
+    h.commit_to(j)
     assert h.engine.ack("s", [a], 1) == []
     assert h.engine.cancel("s", [b], 1) == []
-    run_step(h, j)
+    h.commit_to(j)
     j.close()
 
     j = LmdbJournal(str(tmp_path))
@@ -54,7 +48,7 @@ def test_get_messages_returns_payloads_for_delivery(tmp_path):
     j = LmdbJournal(str(tmp_path))
     h = Harness()
     seqs = [h.engine.publish("t", f"p{i}".encode(), {"k": "v"}, 0) for i in range(5)]
-    run_step(h, j)
+    h.commit_to(j)
     assert [m.payload for m in j.get_messages(seqs[1:3])] == [b"p1", b"p2"]
     with pytest.raises(JournalError, match="not in the journal"):
         j.get_messages([999])
@@ -79,7 +73,7 @@ def test_every_durability_mode_commits_readable_records(tmp_path, durability):
     j = LmdbJournal(str(tmp_path), durability=durability)
     h = Harness()
     h.pub("t", 10)
-    run_step(h, j)
+    h.commit_to(j)
     assert sum(1 for _ in j.read_messages(0)) == 10
     assert (j.unsynced is False) if durability == "fsync" else True
 
@@ -90,7 +84,7 @@ def test_a_full_map_grows_instead_of_failing(tmp_path):
     for _ in range(20):
         for _ in range(50):
             h.engine.publish("t", b"x" * 1000, {}, 0)
-        run_step(h, j)
+        h.commit_to(j)
     assert j.counts()["messages"] == 1000
     assert j.env.info()["map_size"] > 64 * 1024
 
@@ -103,9 +97,9 @@ def test_retention_deletes_only_old_records_below_the_recovery_point(tmp_path):
     h.now = 10_000
     young = h.pub("jobs", 10)
     h.sub("s", "jobs", 100)
-    run_step(h, j)
+    h.commit_to(j)
     h.engine.ack("s", old + young[:5], h.now)
-    run_step(h, j)
+    h.commit_to(j)
     rp = h.engine.min_recovery_point()
     assert rp == young[5]
     j.trim(rp, older_than_ms=5_000)  # only the old ten are both old and finished
@@ -119,7 +113,7 @@ def test_a_long_scan_reads_in_chunks_without_losing_records(tmp_path):
     j = LmdbJournal(str(tmp_path))
     h = Harness()
     h.pub("t", 250)
-    run_step(h, j)
+    h.commit_to(j)
     seqs = [m.seq for m in j.scan(j.msgs, R.message_decoder.decode, 0, None, chunk=7)]
     assert seqs == list(range(1, 251))
     assert [m.seq for m in j.read_messages(100, 110)] == list(range(100, 110))

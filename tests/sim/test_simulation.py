@@ -49,7 +49,6 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
 
         monkeypatch.setattr(Queue, "ack", ack)
     else:
-        original_end = Queue.end_lease_of
 
         def end_lease_of(self, seq, kind):
             lease, m = self.release(seq)  # ... and never puts it back

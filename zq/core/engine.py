@@ -97,6 +97,14 @@ class Engine:
             self.route_cache[topic] = qs
         return qs
 
+    def route_or_create(self, topic: str, *, dead_letter: bool = True) -> list[Queue]:
+        """The queues covering ``topic``; with none, an auto-created queue of that name."""
+        queues = self.route(topic)
+        if not queues and self.auto_queues:
+            queues = [self.add_queue(auto_queue(topic, self.next_seq, dead_letter=dead_letter))]
+            self.route_cache.pop(topic, None)
+        return queues
+
     def resolve_topic(self, topic: str) -> str:
         q = self.queues.get(topic)
         if q is not None and q.settings.publish_to:
@@ -113,36 +121,12 @@ class Engine:
         now_ms: int,
         msg_id: str | None = None,
     ) -> int:
-        """Journal a message and enqueue it on every queue covering its topic.
+        """Journal one message and enqueue it on every queue covering its topic.
 
-        Returns its bookmark (sequence number). Raises ProtocolError / LimitError for a
-        bad message, before anything is journaled.
+        Returns its bookmark. Raises ProtocolError / LimitError for a bad message,
+        before anything is journaled. (A batch of one: see ``publish_many``.)
         """
-        self.set_time(now_ms)
-        headers = headers or {}
-        topic = self.resolve_topic(topic)
-        check_message(topic, payload, headers)
-        queues = self.route(topic)
-        if not queues and self.auto_queues:
-            queues = [self.add_queue(auto_queue(topic, self.next_seq))]
-            self.route_cache.pop(topic, None)
-        for q in queues:  # refuse before journaling anything
-            if q.grouped:
-                name = headers.get(q.settings.group_header)  # type: ignore[arg-type]
-                if name is not None and not q.can_take_group(name):
-                    raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
-        seq = self.take_seq()
-        self.records.append(R.Message(seq, now_ms, topic, headers, payload, msg_id))
-        self.note_time(now_ms, seq)
-        for q in queues:
-            gid = 0
-            if q.grouped:
-                name = headers.get(q.settings.group_header)  # type: ignore[arg-type]
-                if name is not None:
-                    gid = q.group_id(name)
-            q.enqueue(seq, gid)
-        self.published += 1
-        return seq
+        return self.publish_many(topic, [(payload, headers or {}, msg_id)], now_ms)[0]
 
     def publish_many(
         self,
@@ -161,10 +145,7 @@ class Engine:
             if len(payload) > max_message_bytes:
                 raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_message_bytes}")
             check_message(topic, payload, headers)
-        queues = self.route(topic)
-        if not queues and self.auto_queues:
-            queues = [self.add_queue(auto_queue(topic, self.next_seq))]
-            self.route_cache.pop(topic, None)
+        queues = self.route_or_create(topic)
         for q in queues:
             if q.grouped:
                 header = q.settings.group_header
@@ -394,10 +375,7 @@ class Engine:
             "zq.deliveries": str(deliveries),
             "zq.bookmark": str(seq),
         }
-        queues = self.route(target)
-        if not queues and self.auto_queues:
-            queues = [self.add_queue(auto_queue(target, self.next_seq, dead_letter=False))]
-            self.route_cache.pop(target, None)
+        queues = self.route_or_create(target, dead_letter=False)
         new_seq = self.take_seq()
         self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
         self.note_time(self.now_ms, new_seq)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+import msgspec
+
 from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.settings import QueueSettings
@@ -32,7 +34,7 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
     rps = journal.recovery_points()
     names = {q.name for q in queues}
     for d in declared:
-        names.add(_declared_name(d))
+        names.add(declared_name(d))
     starts = [rps.get(name, 0) for name in names]
     # A queue with no recovery point yet has to be read from the start.
     start = min(starts, default=journal.next_seq())
@@ -47,9 +49,7 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
     )
 
 
-def _declared_name(d: R.QueueDeclared) -> str:
-    import msgspec
-
+def declared_name(d: R.QueueDeclared) -> str:
     return msgspec.json.decode(d.settings_json, type=QueueSettings).name
 
 

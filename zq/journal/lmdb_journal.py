@@ -27,7 +27,7 @@ import msgspec
 
 from zq.core import records as R
 from zq.core.errors import JournalError
-from zq.journal.base import resolve_copy
+from zq.journal.base import declared_name, resolve_copy
 
 _KEY = struct.Struct(">Q")
 DURABILITY_MODES = ("fsync", "batch", "none")
@@ -159,7 +159,7 @@ class LmdbJournal:
                 elif type(rec) is R.RecoveryPoint:
                     txn.put(b"rp:" + rec.queue.encode(), key(rec.seq), db=self.meta)
                 elif type(rec) is R.QueueDeclared:
-                    name = _declared_name(rec)
+                    name = declared_name(rec)
                     txn.put(name.encode(), enc(rec), db=self.queues)
                 else:
                     raise AssertionError(f"unknown record {rec!r}")
@@ -295,10 +295,3 @@ class LmdbJournal:
             self.sync()
         self.env.close()
 
-
-def _declared_name(d: R.QueueDeclared) -> str:
-    import msgspec
-
-    from zq.core.settings import QueueSettings
-
-    return msgspec.json.decode(d.settings_json, type=QueueSettings).name

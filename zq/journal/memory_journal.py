@@ -10,7 +10,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 
 from zq.core import records as R
-from zq.journal.base import resolve_copy
+from zq.journal.base import declared_name, resolve_copy
 
 
 class MemoryJournal:
@@ -41,12 +41,7 @@ class MemoryJournal:
                 self.events.append(rec)
                 self.event_seqs.append(rec.seq)
             elif isinstance(rec, R.QueueDeclared):
-                import msgspec
-
-                from zq.core.settings import QueueSettings
-
-                name = msgspec.json.decode(rec.settings_json, type=QueueSettings).name
-                self.queues[name] = rec
+                self.queues[declared_name(rec)] = rec
             elif isinstance(rec, R.RecoveryPoint):
                 self.rps[rec.queue] = rec.seq
             else:
