@@ -2,7 +2,9 @@
 
 Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency, peak,
 groups (a real `zq serve` with worker processes over tcp loopback), memory (heap and
-RSS per queued message), recovery (start-up time from a big journal). Results go to
+RSS per queued message), recovery (start-up time from a big journal), peers (zq, Redis
+Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in one
+invocation; `--repeat N` interleaves them round by round). Results go to
 bench/results/.
 """
 
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery")
+SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers")
 
 
 def machine() -> dict:
@@ -72,7 +74,12 @@ def run(scenario: str, quick: bool) -> list[dict]:
     if scenario == "groups":
         n = 5_000 if quick else 100_000
         return [e2e.throughput(n, groups=g) for g in (1000, 10)]
-    from bench import scale
+    from bench import peers, scale
+
+    if scenario == "peers":
+        n = 3_000 if quick else 100_000
+        rows = [{"system": f"zq ({d})", **e2e.throughput(n, durability=d)} for d in ("batch", "fsync")]
+        return rows + [peers.run(system, n) for system in peers.CONFIRMS]
 
     if scenario == "memory":
         if quick:

@@ -1,14 +1,19 @@
 """Every bench scenario in --quick mode runs and yields complete, sane figures (no timing asserted)."""
 
 import json
+import shutil
 
 import pytest
 
 from bench.__main__ import main
 
 
-@pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery"])
+@pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
+    if scenario == "peers":
+        missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
+        if missing:
+            pytest.skip(f"peer servers not installed: {missing} (apt-get install redis-server nats-server rabbitmq-server)")
     out = tmp_path / "r.json"
     assert main(["run", scenario, "--quick", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
