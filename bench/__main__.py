@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"{args.scenario}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": meta, "results": rows}, indent=2) + "\n")
+    from bench.plot import plot
+
+    png = plot(args.scenario, rows, meta, out.with_suffix(".png"))
+    if png is not None:
+        print(f"wrote {out} and {png}")
     return 0
 
 

@@ -142,6 +142,9 @@ def run(system: str, n: int, workers: int = 4, backlog: int = 16) -> dict:
         while sum(json.loads(o.read_text())["count"] for o in outs if o.exists()) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{system}: not all {n} messages acked")
+            dead = [w.returncode for w in procs if w.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{system}: a worker died (exit {dead[0]})")
             time.sleep(0.1)
         reports = [json.loads(o.read_text()) for o in outs]
     finally:
@@ -310,7 +313,7 @@ def worker(system: str, port: int, backlog: int, out: str) -> None:
             while not stop:
                 try:
                     msgs = await sub.fetch(backlog, timeout=0.2)
-                except NatsTimeout:
+                except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either on an idle fetch
                     report()  # idle
                     continue
                 for m in msgs:

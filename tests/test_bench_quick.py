@@ -28,3 +28,5 @@ def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]
         assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers), row
     assert scenario in capsys.readouterr().out
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "a PNG plot next to the JSON"

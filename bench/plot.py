@@ -1,0 +1,69 @@
+"""PNG plots of bench results (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def number(value: object) -> float | None:
+    """A figure as stored: a number, or 'median [min-max]' text from --repeat."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        m = re.match(r"\s*([\d.]+)", value)
+        return float(m.group(1)) if m else None
+    return None
+
+
+def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
+    """One bar chart per scenario with a msgs/s or bytes figure; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = next((k for k in ("e2e_msgs_per_s", "msgs_per_s", "heap_bytes_per_message", "seconds_to_serving")
+                if any(k in r for r in rows)), None)
+    if key is None and scenario == "latency":
+        return plot_latency(rows, meta, out)
+    if key is None:
+        return None
+    labels = [label(r) for r in rows]
+    values = [number(r.get(key)) or 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    bars = ax.bar(labels, values, color=["#2b6cb0" if lab.startswith("zq") else "#a0aec0" for lab in labels])
+    ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.1f}" for v in values], fontsize=8)
+    ax.set_ylabel(key.replace("_", " "))
+    ax.set_title(f"{scenario} — {meta['cores']} cores, Python {meta['python']}, {meta['date'][:10]}", fontsize=9)
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.35
+    for i, row in enumerate(rows):
+        ps = row["publish_to_worker_us"]
+        xs = [j + i * width for j in range(len(ps))]
+        ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"durability {row['durability']}")
+    ax.set_xticks([j + width / 2 for j in range(3)], ["p50", "p99", "p99.9"])
+    ax.set_ylabel("publish → worker, µs")
+    ax.set_title(f"latency at {rows[0]['rate']} msg/s — {meta['cores']} cores, {meta['date'][:10]}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def label(row: dict) -> str:
+    if "system" in row:
+        return str(row["system"])
+    parts = [str(row.get(k)) for k in ("durability", "publish", "backlog", "groups", "queued") if row.get(k) not in (None, 0)]
+    return "zq " + " ".join(parts)
