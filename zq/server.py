@@ -157,7 +157,9 @@ class Server:
         out = self.engine.drain(now)
         self.journal.append(out.records)
         try:
-            self.journal.commit(now, urgent=self.is_urgent(out.records))
+            # Only fsync mode asks whether a commit must reach the disk before sending.
+            urgent = self.config.durability == "fsync" and self.is_urgent(out.records)
+            self.journal.commit(now, urgent=urgent)
         except JournalError as exc:
             self.journal_failed(exc)
             return

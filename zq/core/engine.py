@@ -403,7 +403,6 @@ class Engine:
             lowest = min(lowest, rp)
             if self.rp_written.get(q.name) != rp:
                 self.rp_written[q.name] = rp
-                q.recovery_point = rp
                 self.records.append(R.RecoveryPoint(q.name, rp, self.now_ms))
         self.prune_time_index(lowest)
 
@@ -458,10 +457,7 @@ class Engine:
         """Age of the oldest waiting message (ms), or None when nothing waits."""
         if not q.depth:
             return None
-        oldest = q.oldest_waiting_ungrouped()
-        for g in q.groups.values():
-            if g.has_pending() and (oldest is None or g.pending[g.phead] < oldest):
-                oldest = g.pending[g.phead]
+        oldest = q.oldest_waiting()
         return None if oldest is None else self.now_ms - self.publish_time_ms(oldest)
 
     def peek(self, queue: str, limit: int) -> list[tuple[int, int]]:
@@ -525,7 +521,6 @@ class Engine:
                     q.restore_counts(msg.seq, gid, c[0], c[1])
         for q in eng.queues.values():
             q.published = 0
-            q.recovery_point = q.compute_recovery_point(eng.next_seq)
             eng.rp_written[q.name] = recovery_points.get(q.name, -1)
             if q.settings.max_deliveries and not q.at_most_once:
                 expire_exhausted(q)

@@ -139,7 +139,6 @@ class Queue:
         self.rr_next = 0
         self.depth = 0  # available messages
         self.expired_watermark = -1  # seq <= this is older than expiration_ms
-        self.recovery_point = s.start_seq
         self.group_sweep_due_ms = 0
         # What this step produced, collected by the engine.
         self.expired_out: list[tuple[int, str, int, str | None]] = []  # seq, reason, deliveries, group
@@ -147,7 +146,7 @@ class Queue:
         self.dirty = False
         # Counters for stats.
         self.published = self.delivered = self.acked = self.cancelled = 0
-        self.expired = self.dead_lettered = self.redelivered = self.returned_count = 0
+        self.expired = self.dead_lettered = self.redelivered = 0
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
 
@@ -489,7 +488,6 @@ class Queue:
         if self.at_most_once:
             self.finish(seq, m >> _G_SHIFT)
             return
-        self.returned_count += 1
         self.come_back(seq, m)
 
     def come_back(self, seq: int, m: int) -> None:
@@ -694,16 +692,18 @@ class Queue:
         out -= self.removed
         return out
 
+    def oldest_waiting(self) -> int | None:
+        """The oldest waiting message anywhere (fifo, returned, group pending lists)."""
+        oldest = self.oldest_waiting_ungrouped()
+        for g in self.groups.values():
+            if g.has_pending() and (oldest is None or g.pending[g.phead] < oldest):
+                oldest = g.pending[g.phead]
+        return oldest
+
     def compute_recovery_point(self, next_seq: int) -> int:
         """The smallest sequence number still in the queue (waiting or leased)."""
-        rp = next_seq
-        if self.head < len(self.fifo):
-            rp = min(rp, self.fifo[self.head])
-        if self.returned:
-            rp = min(rp, self.returned[0])
-        for g in self.groups.values():
-            if g.has_pending():
-                rp = min(rp, g.pending[g.phead])
+        oldest = self.oldest_waiting()
+        rp = next_seq if oldest is None else min(next_seq, oldest)
         if self.lease_of:
             rp = min(rp, min(self.lease_of))
         if self.removed:
