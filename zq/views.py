@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 
@@ -9,14 +10,14 @@ def stats_table(st: dict) -> Table:
     server = st.get("server", {})
     title = f"zq {server.get('version', '')}  uptime {server.get('uptime_ms', 0) / 1000:.0f}s  " \
             f"durability {server.get('durability', '?')}  journal {server.get('journal_bytes', 0) / 2**20:.1f} MiB"
-    table = Table(title=title, title_justify="left")
-    for col in ("queue", "depth", "leased", "published", "acked", "redelivered", "expired", "dead-lettered", "groups", "consumers"):
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("queue", "depth", "leased", "pub", "acked", "redel", "exp", "dead", "groups", "cons"):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for name, q in sorted(st.get("queues", {}).items()):
         consumers = q.get("consumers", [])
         table.add_row(
             name, str(q["depth"]), str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
             str(q["expired"]), str(q["dead_lettered"]), str(q["groups"]),
-            f"{len(consumers)} ({sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)})",
+            f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
         )
     return table
