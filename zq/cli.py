@@ -148,7 +148,7 @@ def message_json(msg) -> str:  # type: ignore[no-untyped-def]
 def consume(
     queue: str = typer.Argument(..., help="queue to consume"),
     endpoint: Optional[str] = EndpointOpt,
-    filter: Optional[str] = typer.Option(None, "--filter", help="content filter (not supported yet)"),
+    filter: Optional[str] = typer.Option(None, "--filter", "-f", help="content filter, e.g. \"region = 'eu' AND /qty > 5\""),
     max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once [default: concurrency]"),
     count: Optional[int] = typer.Option(None, "--count", "-n", help="stop after N messages"),
     timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
@@ -229,13 +229,14 @@ def peek(
     queue: str = typer.Argument(..., help="queue to look into (read-only)"),
     endpoint: Optional[str] = EndpointOpt,
     limit: int = typer.Option(20, "--limit", "-n", help="at most this many messages"),
+    filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
 ) -> None:
     """List waiting messages in delivery order without leasing them (JSON lines)."""
     from types import SimpleNamespace
 
     with client_for(endpoint) as c:
         try:
-            items = c.peek(queue, limit)
+            items = c.peek(queue, limit, filter)
         except ZqError as exc:
             raise fail(str(exc)) from None
     for it in items:

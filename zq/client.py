@@ -37,7 +37,7 @@ import zmq
 from zq import wire
 from zq.core import limits
 from zq.core import records as R
-from zq.core.errors import NotSupportedError, ZqError
+from zq.core.errors import ZqError
 
 log = logging.getLogger("zq.client")
 
@@ -173,11 +173,12 @@ class Message:
 class Subscription:
     """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
 
-    def __init__(self, client: "Client", sub_id: str, queue: str, max_backlog: int) -> None:
+    def __init__(self, client: "Client", sub_id: str, queue: str, max_backlog: int, filter: str | None = None) -> None:
         self.client = client
         self.sub_id = sub_id
         self.queue = queue
         self.max_backlog = max_backlog
+        self.filter = filter
         self.backlog = 0  # granted by the server
         self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
         self.local: collections.deque[Message] = collections.deque()
@@ -352,12 +353,10 @@ class Client:
 
     def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0) -> Subscription:
         self._check_open()
-        if filter is not None:
-            raise NotSupportedError("subscription filters arrive with the expression language; not supported yet")
-        sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog)
+        sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog, filter)
         self._subs[sub.sub_id] = sub
         try:
-            sub.backlog = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog), timeout=timeout)
+            sub.backlog = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter), timeout=timeout)
         except BaseException:
             self._subs.pop(sub.sub_id, None)
             raise
@@ -366,8 +365,9 @@ class Client:
     def stats(self, timeout: float = 10.0) -> dict:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)
 
-    def peek(self, queue: str, limit: int = 100, timeout: float = 10.0) -> list[dict]:
-        return self._request(lambda req: wire.Peek(req, queue, limit), timeout=timeout)
+    def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:
+        """Waiting messages in delivery order, without leasing them (a read-only view)."""
+        return self._request(lambda req: wire.Peek(req, queue, limit, filter), timeout=timeout)
 
     def queues(self, timeout: float = 10.0) -> list[dict]:
         return self._request(lambda req: wire.Queues(req), timeout=timeout)
@@ -554,7 +554,7 @@ class Client:
                 self._pending[req] = (Future(), None)
                 sub.settle.clear()
                 sub.received = sub.settles_taken = 0
-                sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog)))
+                sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog, sub.filter)))
         for req, (_, cmd) in list(self._publishes.items()):
             sock.send(wire.encode(cmd))
 

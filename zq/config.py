@@ -74,6 +74,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     group_policy: str = "sequenced"
     max_groups: int = limits.GROUPS_PER_QUEUE_MAX
     allow_ack_unleased: bool = False
+    filter: str | None = None
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -163,6 +164,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         group_policy=q.group_policy,
         max_groups=q.max_groups,
         allow_ack_unleased=q.allow_ack_unleased,
+        filter=q.filter,
     )
     try:
         return settings.validate()

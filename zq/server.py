@@ -30,7 +30,7 @@ from zq.config import Config
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine
-from zq.core.errors import JournalError, LimitError, NotSupportedError, ProtocolError, ZqError
+from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
 
@@ -249,7 +249,7 @@ class Server:
         elif t is wire.Stats:
             self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))  # type: ignore[attr-defined]
         elif t is wire.Peek:
-            self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit)))  # type: ignore[attr-defined]
+            self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
         elif t is wire.Queues:
             self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
         else:  # pragma: no cover - the decoder only yields the types above
@@ -275,11 +275,10 @@ class Server:
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
-        if cmd.filter:
-            raise NotSupportedError("subscription filters arrive with the expression language; not supported yet")
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
-        backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now)
+        backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
+                                        filter=cmd.filter)
         peer.subs.add(cmd.sub)
         self.reply(peer.peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
 
@@ -433,9 +432,9 @@ class Server:
         }
         return st
 
-    def peek(self, queue: str, limit: int) -> list[dict]:
+    def peek(self, queue: str, limit: int, filter: str | None = None) -> list[dict]:
         limit = max(0, min(limit, 10_000))
-        items = self.engine.peek(queue, limit)
+        items = self.engine.peek(queue, limit, filter)
         records = self.journal.get_messages([seq for seq, _ in items])
         return [
             {"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload, "deliveries": d, "ts_ms": r.ts_ms}

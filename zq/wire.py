@@ -90,6 +90,7 @@ class Peek(_Cmd, tag="peek"):
     req: int
     queue: str
     limit: int = 100
+    filter: str | None = None
 
 
 class Queues(_Cmd, tag="queues"):

@@ -1,24 +1,34 @@
 """A tiny driver for engine unit tests: one clock, commit-free, deliveries by sub."""
 
 from zq.core import Engine, QueueSettings
+from zq.core import records as R
 
 
 class Harness:
+    """Drives one engine; ``journaled`` stands in for the journal's content port."""
+
     def __init__(self, *queues: QueueSettings, auto_queues: bool = True) -> None:
-        self.engine = Engine(queues, auto_queues=auto_queues)
+        self.journaled: dict[int, R.Message] = {}
+        self.engine = Engine(queues, auto_queues=auto_queues, content=self.journaled.get)
         self.now = 0
         self.records: list = []
 
-    def pub(self, topic: str, n: int = 1, group: str | None = None, **headers: str) -> list[int]:
+    def pub(self, topic: str, n: int = 1, group: str | None = None, payload: bytes = b"m", **headers: str) -> list[int]:
         if group is not None:
             headers["group"] = group
-        return [self.engine.publish(topic, b"m", dict(headers), self.now) for _ in range(n)]
+        return [self.engine.publish(topic, payload, dict(headers), self.now) for _ in range(n)]
 
-    def sub(self, sub_id: str, queue: str, backlog: int = 1, consumer: str | None = None) -> int:
-        return self.engine.subscribe(sub_id, queue, consumer or sub_id, backlog, self.now)
+    def sub(self, sub_id: str, queue: str, backlog: int = 1, consumer: str | None = None, filter: str | None = None) -> int:
+        return self.engine.subscribe(sub_id, queue, consumer or sub_id, backlog, self.now, filter=filter)
 
     def drain(self) -> dict[str, list[int]]:
         out = self.engine.drain(self.now)
+        for r in out.records:
+            if type(r) is R.Message:
+                if r.copy_of is not None:
+                    original = self.journaled[r.copy_of]
+                    r = R.Message(r.seq, r.ts_ms, r.topic, {**original.headers, **r.headers}, original.payload)
+                self.journaled[r.seq] = r
         self.records.extend(out.records)
         got: dict[str, list[int]] = {}
         for d in out.deliveries:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 
-from zq.core import limits
+from zq.core import expr, limits
 from zq.core import records as R
-from zq.core.errors import LimitError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
+from zq.core.errors import LimitError, NotSupportedError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
 from zq.core.queue import Queue, Subscription
 from zq.core.settings import QueueSettings, auto_queue
 
@@ -56,8 +56,22 @@ class Output(msgspec.Struct, gc=False):
 class Engine:
     """All queue semantics of one dispatcher; see the module docstring."""
 
-    def __init__(self, queues: Iterable[QueueSettings] = (), *, auto_queues: bool = True, next_seq: int = 1) -> None:
+    def __init__(
+        self,
+        queues: Iterable[QueueSettings] = (),
+        *,
+        auto_queues: bool = True,
+        next_seq: int = 1,
+        content: Callable[[int], R.Message | None] | None = None,
+    ) -> None:
         self.queues: dict[str, Queue] = {}
+        # The content port: reads a journaled message by bookmark (filters need it).
+        # Messages of the current step are not journaled yet; ``message`` finds those
+        # in ``records``.
+        self.content = content
+        self.step_messages: dict[int, R.Message] | None = None
+        self.step_indexed = 0
+        self.last_content: tuple[int, R.Message | None] = (-1, None)
         self.auto_queues = auto_queues
         self.next_seq = next_seq
         self.subs: dict[str, Subscription] = {}
@@ -161,11 +175,18 @@ class Engine:
         for i, (payload, headers, msg_id) in enumerate(items):
             append(message(first + i, now_ms, topic, headers, payload, msg_id))
         for q in queues:
+            accept = q.filter
             if q.grouped:
                 header = q.settings.group_header
-                for i, (_, headers, _) in enumerate(items):
+                for i, (payload, headers, _) in enumerate(items):
+                    if accept is not None and not accept(headers, payload, topic):
+                        continue
                     name = headers.get(header)  # type: ignore[arg-type]
                     q.enqueue(first + i, q.group_id(name) if name is not None else 0)
+            elif accept is not None:
+                for i, (payload, headers, _) in enumerate(items):
+                    if accept(headers, payload, topic):
+                        q.enqueue(first + i, 0)
             else:
                 for i in range(len(items)):
                     q.enqueue(first + i, 0)
@@ -198,9 +219,18 @@ class Engine:
 
     # ------------------------------------------------------ subscriptions
 
-    def subscribe(self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int) -> int:
-        """Open a subscription; returns its backlog (the credit it gets)."""
+    def subscribe(
+        self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int, filter: str | None = None
+    ) -> int:
+        """Open a subscription; returns its backlog (the credit it gets).
+
+        With ``filter`` (the expression language), the subscription gets only the
+        messages it matches, oldest first; the others wait for other subscribers.
+        """
         self.set_time(now_ms)
+        match = None
+        if filter:
+            match = self.matcher(expr.compile_filter(filter))
         if sub_id in self.subs:
             raise ProtocolError(f"subscription id {sub_id!r} is already in use")
         if len(self.subs) >= limits.SUBSCRIPTIONS_MAX:
@@ -213,11 +243,48 @@ class Engine:
         if max_backlog < 1:
             raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
         backlog = min(q.settings.max_per_subscription_backlog, max_backlog)
-        sub = Subscription(sub_id, q, consumer, backlog)
+        sub = Subscription(sub_id, q, consumer, backlog, match, filter or None)
         self.subs[sub_id] = sub
         self.subs_of_consumer.setdefault(consumer, set()).add(sub_id)
         q.add_subscription(sub)
         return backlog
+
+    def matcher(self, compiled: expr.Compiled) -> Callable[[int], bool]:
+        """A predicate over bookmarks: reads the message through the content port."""
+        if self.content is None:
+            raise NotSupportedError("content filters need an engine with a content reader (a journal)")
+        fn = compiled.fn
+        message = self.message
+
+        def match(seq: int) -> bool:
+            m = message(seq)
+            return m is not None and fn(m.headers, m.payload, m.topic)
+
+        return match
+
+    def message(self, seq: int) -> R.Message | None:
+        """The message ``seq`` with its payload and headers (dead letters resolved)."""
+        last_seq, last = self.last_content
+        if last_seq == seq:
+            return last
+        m = self.content(seq) if self.content is not None else None
+        if m is None:
+            if self.step_messages is None:
+                self.step_messages, self.step_indexed = {}, 0
+            m = self.step_messages.get(seq)
+            if m is None and self.step_indexed < len(self.records):
+                for r in self.records[self.step_indexed:]:
+                    if type(r) is R.Message:
+                        self.step_messages[r.seq] = r
+                self.step_indexed = len(self.records)
+                m = self.step_messages.get(seq)
+            if m is not None and m.copy_of is not None:
+                original = self.message(m.copy_of)
+                if original is not None:
+                    m = R.Message(m.seq, m.ts_ms, m.topic, {**original.headers, **m.headers, "zq.topic": original.topic},
+                                  original.payload, original.msg_id)
+        self.last_content = (seq, m)
+        return m
 
     def sub(self, sub_id: str) -> Subscription:
         s = self.subs.get(sub_id)
@@ -344,6 +411,8 @@ class Engine:
             self.write_recovery_points()
         out = Output(self.records, self.deliveries)
         self.records, self.deliveries = [], []
+        self.step_messages = None
+        self.last_content = (-1, None)
         return out
 
     def flush_expired(self, q: Queue) -> None:
@@ -380,6 +449,10 @@ class Engine:
         self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
         self.note_time(self.now_ms, new_seq)
         for dq in queues:
+            if dq.filter is not None:
+                m = self.message(new_seq)
+                if m is None or not dq.filter(m.headers, m.payload, m.topic):
+                    continue
             gid = 0
             if group is not None and dq.grouped and dq.settings.group_header == q.settings.group_header:
                 if dq.can_take_group(group):
@@ -460,14 +533,19 @@ class Engine:
         oldest = q.oldest_waiting()
         return None if oldest is None else self.now_ms - self.publish_time_ms(oldest)
 
-    def peek(self, queue: str, limit: int) -> list[tuple[int, int]]:
-        """Waiting messages in delivery order as (bookmark, deliveries), without leasing."""
+    def peek(self, queue: str, limit: int, filter: str | None = None) -> list[tuple[int, int]]:
+        """Waiting messages in delivery order as (bookmark, deliveries), without leasing.
+
+        With ``filter``, only matching ones; at most ``limits.VIEW_SCAN_MAX`` are read.
+        """
         q = self.queue(queue)
+        match = self.matcher(expr.compile_filter(filter)) if filter else None
         out = []
-        for seq in q.waiting():
-            if len(out) >= limit:
+        for i, seq in enumerate(q.waiting()):
+            if len(out) >= limit or i >= limits.VIEW_SCAN_MAX:
                 break
-            out.append((seq, q.deliveries_of(seq)))
+            if match is None or match(seq):
+                out.append((seq, q.deliveries_of(seq)))
         return out
 
     # ------------------------------------------------------------- recovery
@@ -483,6 +561,7 @@ class Engine:
         messages: Iterable[R.Message],
         *,
         auto_queues: bool = True,
+        content: Callable[[int], R.Message | None] | None = None,
     ) -> "Engine":
         """Rebuild every queue from the journal (a pure fold over its records).
 
@@ -491,7 +570,7 @@ class Engine:
         sequence order. Acked and expired messages are gone; every other message
         returns to its queue in its original order with its delivery and cancel counts.
         """
-        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq)
+        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq, content=content)
         for d in declared:
             settings = msgspec.json.decode(d.settings_json, type=QueueSettings)
             if settings.name not in eng.queues:  # config wins over run-time declarations
@@ -510,6 +589,10 @@ class Engine:
             for q in eng.route(msg.topic):
                 if msg.seq < starts[q.name] or msg.seq in done[q.name]:
                     continue
+                if q.filter is not None:
+                    m = msg if msg.copy_of is None else eng.message(msg.seq)
+                    if m is None or not q.filter(m.headers, m.payload, m.topic):
+                        continue
                 gid = 0
                 if q.grouped:
                     name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]

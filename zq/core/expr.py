@@ -384,6 +384,12 @@ def parse(text: str) -> tuple:
     return Parser(text).parse()
 
 
+def parse_condition(text: str) -> tuple:
+    """Parse a filter: a bare field reads as a boolean, a number is an error."""
+    p = Parser(text)
+    return p.boolean(p.parse(), Token("kw", "a filter", 0))
+
+
 # ---------------------------------------------------------- value semantics
 
 
@@ -804,11 +810,11 @@ HELPERS = {
 
 
 def _compile(text: str, want_condition: bool) -> Compiled:
-    p = Parser(text)
-    tree = p.parse()
     if want_condition:
-        tree = push_not(p.boolean(tree, Token("kw", "a filter", 0)))
-    elif tree[0] in BOOLEAN_KINDS:
+        tree = push_not(parse_condition(text))
+    else:
+        tree = parse(text)
+    if not want_condition and tree[0] in BOOLEAN_KINDS:
         raise ExprError("expected a value (a field or arithmetic), not a condition", text, tree[1])
     g = CodeGen()
     body = g.gen(tree)

@@ -16,6 +16,16 @@ waiting message sits in exactly one of three ordered places:
   order. A group that has pending messages and could go now has an entry in the
   ``ready`` heap keyed by its oldest pending sequence number.
 
+* ``skipped`` -- with content-filtered subscriptions: a sorted ``array('Q')`` of
+  messages set aside because every subscription with credit refused them by filter
+  (Qpid's "a cursor per subscription that skips non-matching entries"). Each
+  filtered subscription keeps a *cursor* into it: entries below the cursor were
+  already judged (refused or not eligible). ``skipped_gen`` moves when that judgment
+  may have gone stale (an entry inserted below the end, a group freed), which sends
+  every cursor back to the start. Entries taken out of the middle are marked in
+  ``skip_gone`` and compacted later. A set-aside group message *holds* its group
+  (``Group.held``): the group's later messages wait behind it, keeping group order.
+
 Dispatch repeatedly looks at the oldest candidate of the three places. A grouped
 message whose group cannot go is *parked* in its group's pending array, so a busy
 group never blocks the messages behind it (Qpid: groups never block each other).
@@ -47,10 +57,11 @@ from typing import TYPE_CHECKING
 from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
+from zq.core.expr import compile_filter
 from zq.core.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 _D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63
 _C_ONE = 1 << 16
@@ -64,9 +75,11 @@ class Subscription:
     __slots__ = (
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
+        "match", "filter_text", "skip_cursor", "skip_gen",
     )
 
-    def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int) -> None:
+    def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
+                 match: Callable[[int], bool] | None = None, filter_text: str | None = None) -> None:
         self.sub_id = sub_id
         self.queue = queue
         self.consumer = consumer
@@ -80,6 +93,10 @@ class Subscription:
         self.owned_groups: set[int] = set()
         self.acked = 0
         self.busy_ms = 0  # summed delivery -> ack time of its acked messages
+        self.match = match  # content filter: seq -> does it match? (None: everything)
+        self.filter_text = filter_text
+        self.skip_cursor = 0  # see Queue: skipped entries below this were judged
+        self.skip_gen = -1
 
 
 class Lease:
@@ -94,7 +111,7 @@ class Lease:
 
 
 class Group:
-    __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count")
+    __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count", "held")
 
     def __init__(self, gid: int, name: str) -> None:
         self.gid = gid
@@ -104,6 +121,7 @@ class Group:
         self.inflight = 0
         self.owner: Subscription | None = None
         self.count = 0  # messages of this group still in the queue (waiting or leased)
+        self.held = 0  # the group's head, set aside by filters (0: none); the rest waits behind it
 
     def has_pending(self) -> bool:
         return self.phead < len(self.pending)
@@ -121,6 +139,7 @@ class Queue:
         self.fairness = s.effective_fairness()
         self.exclusive = s.group_policy == "exclusive"
         self.grouped = bool(s.group_header)
+        self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -136,6 +155,12 @@ class Queue:
         self.lease_tiebreak = 0
         self.removed: set[int] = set()  # available messages taken out of place (ack-unleased)
         self.subs: list[Subscription] = []
+        self.filtered = 0  # subscriptions with a content filter
+        self.skipped = array("Q")
+        self.skipped_gid = array("I")
+        self.skip_gone: set[int] = set()  # taken out of ``skipped`` (lazily compacted)
+        self.skipped_gen = 0
+        self.skip_high = 0  # the highest cursor handed out
         self.rr_next = 0
         self.depth = 0  # available messages
         self.expired_watermark = -1  # seq <= this is older than expiration_ms
@@ -194,12 +219,46 @@ class Queue:
         fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
         returned, ready, removed = self.returned, self.ready, self.removed
         watermark = self.expired_watermark
+        filtered = self.filtered
         n = len(fifo)
         while True:
             # The oldest candidate of the three places (2**64 stands for "none").
             f = fifo[self.head] if self.head < n else 1 << 64
             r = returned[0] if returned else 1 << 64
             g = ready[0][0] if ready else 1 << 64
+            if self.skipped and len(self.skip_gone) < len(self.skipped):
+                # Set-aside messages older than the next candidate go first, to whoever matches.
+                self.dispatch_skipped(min(f, r, g), now_ms)
+                if self.depth == 0:
+                    break
+            if filtered and (f != 1 << 64 or r != 1 << 64 or g != 1 << 64):
+                if not any(s.used < s.backlog for s in self.subs):
+                    break
+                seq = min(f, r, g)
+                if seq in removed or seq <= watermark:
+                    pass  # handled by the branches below
+                elif f < r and f < g:
+                    gid = fifo_gid[self.head] if self.grouped else 0
+                    grp = groups[gid] if gid else None
+                    if (grp is None or not grp.has_pending() and self.group_can_go(grp)) and self.choose_for(grp, seq) is None:
+                        self.head += 1
+                        self.set_aside(seq, gid)
+                        continue
+                elif r < g:
+                    if self.choose_for(None, seq) is None:
+                        heapq.heappop(returned)
+                        self.set_aside(seq, 0)
+                        continue
+                else:
+                    gid = ready[0][1]
+                    grp = groups.get(gid)
+                    if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq and \
+                            self.group_can_go(grp) and self.choose_for(grp, seq) is None:
+                        heapq.heappop(ready)
+                        grp.phead += 1
+                        self.after_group_pop(grp)
+                        self.set_aside(seq, gid)
+                        continue
             if f < r and f < g:
                 seq = f
                 gid = fifo_gid[self.head] if self.grouped else 0
@@ -217,7 +276,7 @@ class Queue:
                     self.head += 1
                     self.park(grp, seq)
                     continue
-                sub = self.choose(grp)
+                sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
                     break
                 self.head += 1
@@ -232,7 +291,7 @@ class Queue:
                     self.depth -= 1
                     self.expire_waiting(seq, 0, R.REASON_EXPIRED)
                     continue
-                sub = self.choose(None)
+                sub = self.choose_for(None, seq) if filtered else self.choose(None)
                 if sub is None:
                     break
                 heapq.heappop(returned)
@@ -261,7 +320,7 @@ class Queue:
                     if grp.owner is not None:
                         grp.owner.waiting_groups.add(gid)
                     continue
-                sub = self.choose(grp)
+                sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
                     break
                 heapq.heappop(ready)
@@ -281,6 +340,8 @@ class Queue:
         self.compact()
 
     def group_can_go(self, grp: Group) -> bool:
+        if grp.held:
+            return False
         if self.exclusive:
             owner = grp.owner
             return owner is None or owner.used < owner.backlog
@@ -335,6 +396,125 @@ class Queue:
                 self.rr_next = (start + i + 1) % count
                 return s
         return None
+
+    def choose_for(self, grp: Group | None, seq: int) -> Subscription | None:
+        """``choose`` among the subscriptions whose filter matches ``seq``."""
+        if grp is not None and self.exclusive and grp.owner is not None:
+            owner = grp.owner
+            if owner.match is None or owner.match(seq):
+                return owner
+            if grp.inflight:
+                return None
+            self.disown(grp)  # its owner refuses the group's next message and holds none
+        subs = self.subs
+        if self.fairness == "proportional":
+            order = sorted((s for s in subs if s.used < s.backlog), key=lambda s: (s.used - s.backlog) / s.backlog)
+        elif self.fairness == "fast":
+            order = [s for s in subs if s.used < s.backlog]
+        else:
+            count = len(subs)
+            start = self.rr_next % count if count else 0
+            order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
+        for s in order:
+            if s.match is None or s.match(seq):
+                if self.fairness == "round-robin":
+                    self.rr_next = (subs.index(s) + 1) % len(subs)
+                return s
+        return None
+
+    def disown(self, grp: Group) -> None:
+        """An exclusive group leaves its owner (whose filter refuses its next message)."""
+        owner = grp.owner
+        assert owner is not None and grp.inflight == 0
+        owner.owned_groups.discard(grp.gid)
+        owner.waiting_groups.discard(grp.gid)
+        grp.owner = None
+
+    def set_aside(self, seq: int, gid: int) -> None:
+        """Nobody with credit matches ``seq``: keep it waiting in ``skipped``."""
+        skipped = self.skipped
+        if seq in self.skip_gone:  # its old, taken entry is still there: drop it first
+            i = bisect_left(skipped, seq)
+            assert skipped[i] == seq
+            del skipped[i]
+            del self.skipped_gid[i]
+            self.skip_gone.discard(seq)
+        if seq < self.skip_high:
+            self.skipped_gen += 1  # some cursor is already past it: they never judged it
+        if skipped and seq < skipped[-1]:
+            i = bisect_left(skipped, seq)
+            skipped.insert(i, seq)
+            self.skipped_gid.insert(i, gid)
+        else:
+            skipped.append(seq)
+            self.skipped_gid.append(gid)
+        if gid:
+            self.groups[gid].held = seq
+
+    def dispatch_skipped(self, limit: int, now_ms: int) -> None:
+        """Offer set-aside messages older than ``limit`` to subscriptions with credit."""
+        skipped, gids, gone = self.skipped, self.skipped_gid, self.skip_gone
+        removed, groups = self.removed, self.groups
+        for sub in self.subs:
+            if sub.used >= sub.backlog:
+                continue
+            if sub.skip_gen != self.skipped_gen:
+                sub.skip_gen = self.skipped_gen
+                sub.skip_cursor = 0
+            i = bisect_left(skipped, sub.skip_cursor)
+            n = len(skipped)
+            while i < n and sub.used < sub.backlog:
+                seq = skipped[i]
+                if seq >= limit:
+                    break
+                i += 1
+                if seq in gone:
+                    continue
+                if removed and seq in removed:
+                    gone.add(seq)
+                    self.drop_removed(seq, gids[i - 1])
+                    continue
+                gid = gids[i - 1]
+                grp = groups[gid] if gid else None
+                if grp is not None:
+                    owner = grp.owner
+                    if self.exclusive and owner is not None and owner is not sub:
+                        if grp.inflight or owner.match is None or owner.match(seq):
+                            continue
+                        self.disown(grp)
+                    if not self.exclusive and grp.inflight:
+                        continue
+                if sub.match is not None and not sub.match(seq):
+                    continue
+                gone.add(seq)
+                if grp is not None:
+                    grp.held = 0
+                self.lease(sub, seq, grp, now_ms)
+                if grp is not None and grp.has_pending():
+                    self.group_became_pending(grp)
+            sub.skip_cursor = skipped[i] if i < n else (skipped[-1] + 1 if n else 0)
+            if sub.skip_cursor > self.skip_high:
+                self.skip_high = sub.skip_cursor
+        self.compact_skipped()
+
+    def compact_skipped(self) -> None:
+        gone = self.skip_gone
+        if not gone:
+            return
+        if len(gone) == len(self.skipped):
+            self.skipped = array("Q")
+            self.skipped_gid = array("I")
+            gone.clear()
+            return
+        if len(gone) > 64 and len(gone) * 2 > len(self.skipped):
+            keep = [i for i, s in enumerate(self.skipped) if s not in gone]
+            self.skipped = array("Q", (self.skipped[i] for i in keep))
+            self.skipped_gid = array("I", (self.skipped_gid[i] for i in keep))
+            gone.clear()
+
+    def live_skipped(self) -> list[int]:
+        gone = self.skip_gone
+        return [s for s in self.skipped if s not in gone]
 
     def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
         lease = sub.current
@@ -397,7 +577,9 @@ class Queue:
         if gid:
             grp = self.groups[gid]
             grp.inflight -= 1
-            if not self.exclusive and grp.inflight == 0 and grp.has_pending():
+            if grp.held:
+                self.skipped_gen += 1  # its set-aside head may be eligible now
+            elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
                 heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
         self.dirty = True
         return lease, m
@@ -510,6 +692,12 @@ class Queue:
             heapq.heappush(self.returned, seq)
             return
         grp = self.groups[gid]
+        if grp.held and grp.held > seq:
+            held, grp.held = grp.held, 0
+            self.skip_gone.add(held)
+            insort(grp.pending, held, lo=grp.phead)
+            if grp.pending[grp.phead] == held:
+                self.group_became_pending(grp)
         old_head = grp.pending[grp.phead] if grp.has_pending() else None
         insort(grp.pending, seq, lo=grp.phead)
         if old_head is None or seq < old_head:
@@ -546,6 +734,10 @@ class Queue:
             return True
         if seq in self.returned:
             return True
+        if self.skipped and seq not in self.skip_gone:
+            i = bisect_left(self.skipped, seq)
+            if i < len(self.skipped) and self.skipped[i] == seq:
+                return True
         return any(seq in g.pending[g.phead:] for g in self.groups.values() if g.has_pending())
 
     def drop_removed(self, seq: int, gid: int) -> None:
@@ -603,6 +795,8 @@ class Queue:
                 continue
             self.depth -= 1
             self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+        if self.skipped:
+            self.expire_skipped(watermark)
         if now_ms < self.group_sweep_due_ms:
             self.compact()
             self.dirty = True
@@ -623,6 +817,27 @@ class Queue:
         self.compact()
         self.dirty = True
 
+    def expire_skipped(self, watermark: int) -> None:
+        skipped, gone = self.skipped, self.skip_gone
+        for i, seq in enumerate(skipped):
+            if seq > watermark:
+                break
+            if seq in gone:
+                continue
+            gone.add(seq)
+            gid = self.skipped_gid[i]
+            if seq in self.removed:
+                self.drop_removed(seq, gid)
+                continue
+            if gid and self.groups[gid].held == seq:
+                grp = self.groups[gid]
+                grp.held = 0
+                if grp.has_pending():
+                    self.group_became_pending(grp)
+            self.depth -= 1
+            self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+        self.compact_skipped()
+
     def next_deadline_ms(self) -> int | None:
         best = None
         for lease in self.lease_fifo:
@@ -638,11 +853,16 @@ class Queue:
 
     def add_subscription(self, sub: Subscription) -> None:
         self.subs.append(sub)
+        if sub.match is not None:
+            self.filtered += 1
         self.dirty = True
 
     def remove_subscription(self, sub: Subscription) -> None:
         """Break every lease the subscription holds; its messages return in order."""
         self.subs.remove(sub)
+        if sub.match is not None:
+            self.filtered -= 1
+        self.skipped_gen += 1  # groups it owned may go to others now
         for lease in sub.leases:
             if lease.live:
                 for seq in lease.seqs:
@@ -665,7 +885,7 @@ class Queue:
 
     def waiting(self) -> Iterator[int]:
         """Waiting sequence numbers in delivery order (read-only view, for peek)."""
-        sources = [iter(self.fifo[self.head:]), iter(sorted(self.returned))]
+        sources = [iter(self.fifo[self.head:]), iter(sorted(self.returned)), iter(self.live_skipped())]
         sources += [iter(g.pending[g.phead:]) for g in self.groups.values() if g.has_pending()]
         removed = self.removed
         for seq in heapq.merge(*sources):
@@ -677,6 +897,12 @@ class Queue:
         best = self.fifo[self.head] if self.head < len(self.fifo) else None
         if self.returned and (best is None or self.returned[0] < best):
             best = self.returned[0]
+        if self.skipped:
+            for s in self.skipped:
+                if s not in self.skip_gone:
+                    if best is None or s < best:
+                        best = s
+                    break
         return best
 
     def any_group_pending(self) -> bool:
@@ -686,6 +912,7 @@ class Queue:
         """Waiting sequence numbers, unordered (for checkers: cheaper than ``waiting``)."""
         out = set(self.fifo[self.head:])
         out.update(self.returned)
+        out.update(self.live_skipped())
         for g in self.groups.values():
             if g.has_pending():
                 out.update(g.pending[g.phead:])

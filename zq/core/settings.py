@@ -10,6 +10,7 @@ import msgspec
 
 from zq.core import limits
 from zq.core.errors import ConfigError
+from zq.core.expr import ExprError, compile_filter
 
 SEMANTICS = ("at-least-once", "at-most-once")
 FAIRNESS = ("fast", "round-robin", "proportional")
@@ -33,6 +34,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_groups: int = limits.GROUPS_PER_QUEUE_MAX
     allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
     start_seq: int = 0  # journal position the queue starts from when first declared
+    filter: str | None = None  # expression: which messages of the topics enter the queue
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:
@@ -64,6 +66,11 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: expiration must not be negative")
         if not 1 <= self.max_groups <= 1 << 31:
             raise ConfigError(f"{where}: max_groups must be 1..2**31")
+        if self.filter is not None:
+            try:
+                compile_filter(self.filter)
+            except ExprError as e:
+                raise ConfigError(f"{where}: filter: {e}") from None
         return self
 
 

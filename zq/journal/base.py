@@ -18,6 +18,7 @@ class RecoveryInput(Protocol):
     def next_seq(self) -> int: ...
     def read_messages(self, from_seq: int) -> Iterator[R.Message]: ...
     def read_events(self, from_seq: int) -> Iterator[R.Event]: ...
+    def get_message(self, seq: int) -> R.Message | None: ...
 
 
 class Journal(RecoveryInput, Protocol):
@@ -46,6 +47,7 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
         journal.read_events(start),
         journal.read_messages(start),
         auto_queues=auto_queues,
+        content=journal.get_message,
     )
 
 

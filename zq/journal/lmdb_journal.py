@@ -176,6 +176,12 @@ class LmdbJournal:
 
     # ----------------------------------------------------------------- read
 
+    def get_message(self, seq: int) -> R.Message | None:
+        """The engine's content port: a committed message (dead letters are stored resolved)."""
+        with self.env.begin(db=self.msgs) as txn:
+            raw = txn.get(_KEY.pack(seq))
+        return R.message_decoder.decode(raw) if raw is not None else None
+
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
         dec = R.message_decoder.decode
         out = []

@@ -66,6 +66,10 @@ class MemoryJournal:
     def read_events(self, from_seq: int) -> Iterator[R.Event]:
         return iter(self.events[bisect_left(self.event_seqs, from_seq):])
 
+    def get_message(self, seq: int) -> R.Message | None:
+        """The engine's content port: a committed message, dead letters resolved."""
+        return self.by_seq.get(seq)
+
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
         return [self.by_seq[s] for s in seqs]
 

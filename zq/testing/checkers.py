@@ -63,6 +63,10 @@ class Oracle:
         for q in engine.route(msg.topic):
             if msg.seq < q.settings.start_seq:
                 continue
+            if q.filter is not None:
+                content = engine.message(msg.seq) or msg
+                if not q.filter(content.headers, content.payload, content.topic):
+                    continue
             view = self.queue_view(q)
             group = None
             if q.grouped:

@@ -27,9 +27,14 @@ from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.errors import ZqError
 from zq.core.settings import QueueSettings
+from zq.core.expr import compile_filter
 from zq.journal.base import recover_engine
 from zq.journal.memory_journal import MemoryJournal
 from zq.testing.checkers import InvariantError, Oracle
+
+
+COLORS = ("red", "blue", "green")
+FILTERS = ("color = 'red'", "color IN ('red', 'blue')", "color != 'green'", "NOT color = 'red'")
 
 
 @dataclass
@@ -45,6 +50,7 @@ class SimOptions:
     p_expire: float
     p_extend: float
     p_subscribe: float
+    p_filtered: float
     p_worker_death: float
     p_crash: float
     p_crash_before_commit: float
@@ -71,6 +77,7 @@ class SimOptions:
                     dead_letter=rng.choice([None, f"q{i}.dead"]),
                     group_header=rng.choice([None, "group", "group"]),
                     group_policy=rng.choice(["sequenced", "exclusive"]),
+                    filter=rng.choice([None, None, "color != 'blue'"]),
                 )
             )
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
@@ -87,6 +94,7 @@ class SimOptions:
             p_expire=rng.uniform(0.0, 0.05),
             p_extend=rng.uniform(0.0, 0.1),
             p_subscribe=rng.uniform(0.02, 0.1),
+            p_filtered=rng.choice([0.0, 0.3, 0.8]),
             p_worker_death=rng.choice([0.0, 0.01, 0.05]),
             p_crash=rng.choice([0.0, 0.005, 0.02]),
             p_crash_before_commit=rng.choice([0.0, 0.5]),
@@ -100,6 +108,7 @@ class Worker:
     sub_id: str
     queue: str
     held: list[int] = field(default_factory=list)
+    filter: str | None = None
 
 
 class Simulator:
@@ -107,7 +116,7 @@ class Simulator:
         self.options = SimOptions.draw(seed, steps)
         self.rng = random.Random(seed * 7919 + 1)
         self.journal = MemoryJournal()
-        self.engine = Engine(self.options.queues)
+        self.engine = Engine(self.options.queues, content=self.journal.get_message)
         self.oracle = Oracle()
         self.now_ms = 0
         self.workers: dict[str, Worker] = {}
@@ -157,6 +166,12 @@ class Simulator:
         for d in out.deliveries:
             w = self.workers_by_sub().get(d.sub_id)
             assert w is not None, f"delivery to unknown subscription {d.sub_id}"
+            if w.filter is not None:
+                check = compile_filter(w.filter)
+                for seq in d.seqs:
+                    m = self.journal.get_message(seq)
+                    if m is None or not check(m.headers, m.payload, m.topic):
+                        raise InvariantError(f"{d.sub_id} with filter {w.filter!r} got non-matching {seq}: {m}")
             w.held.extend(d.seqs)
         self.oracle.check(self.engine)
 
@@ -180,19 +195,23 @@ class Simulator:
     def workers_by_sub(self) -> dict[str, Worker]:
         return {w.sub_id: w for w in self.workers.values()}
 
-    def subscribe(self, queue: str | None = None) -> None:
+    def subscribe(self, queue: str | None = None, filtered: bool = True) -> None:
         self.worker_serial += 1
         name = f"w{self.worker_serial}"
         queue = queue or self.rng.choice([q.name for q in self.options.queues])
         sub_id = f"{name}/{queue}"
-        self.engine.subscribe(sub_id, queue, name, self.rng.choice([1, 2, 3, 8]), self.now_ms)
-        self.workers[name] = Worker(name, sub_id, queue)
+        flt = None
+        if filtered and self.rng.random() < self.options.p_filtered:
+            flt = self.rng.choice(FILTERS)
+        self.engine.subscribe(sub_id, queue, name, self.rng.choice([1, 2, 3, 8]), self.now_ms, filter=flt)
+        self.workers[name] = Worker(name, sub_id, queue, filter=flt)
 
     def publish(self, count: int) -> None:
         for _ in range(count):
             topic = self.rng.choice(self.options.topics)
             group = self.rng.choice(self.options.groups)
             headers = {"group": group} if group is not None else {}
+            headers["color"] = self.rng.choice(COLORS)
             self.engine.publish(topic, b"x", headers, self.now_ms)
 
     def work(self, w: Worker, faults: bool) -> None:
@@ -223,19 +242,24 @@ class Simulator:
 
     # ------------------------------------------------------------ liveness
 
-    def liveness(self, budget_steps: int = 3000) -> None:
-        """Faults off, every queue served, time moves: everything must finish."""
+    def liveness(self, budget_steps: int | None = None) -> None:
+        """Faults off, every queue served, time moves: everything must finish.
+
+        The budget grows with the backlog: a backlog-1 worker finishes one message a step.
+        """
+        if budget_steps is None:
+            budget_steps = 3000 + 2 * sum(len(v) for v in self.oracle.unfinished().values())
         for q in self.options.queues:
-            self.subscribe(q.name)
+            self.subscribe(q.name, filtered=False)
         for name in sorted(self.engine.queues):
-            if not any(w.queue == name for w in self.workers.values()):
-                self.subscribe(name)
+            if not any(w.queue == name and w.filter is None for w in self.workers.values()):
+                self.subscribe(name, filtered=False)
         for _ in range(budget_steps):
             self.options.p_publish = 0.0
             self.step(faults=False)
             for name in sorted(self.engine.queues):
-                if not any(w.queue == name for w in self.workers.values()):
-                    self.subscribe(name)
+                if not any(w.queue == name and w.filter is None for w in self.workers.values()):
+                    self.subscribe(name, filtered=False)
             if not self.oracle.unfinished():
                 return
         raise InvariantError(f"liveness: unfinished after {budget_steps} steps: {self.oracle.unfinished()}")

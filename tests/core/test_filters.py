@@ -1,0 +1,158 @@
+"""Content-filtered subscriptions and queue filters in the engine."""
+
+import pytest
+
+from zq.core import QueueSettings
+from zq.core import records as R
+from zq.core.engine import Engine
+from zq.core.errors import NotSupportedError
+from zq.core.expr import ExprError
+from zq.journal.base import recover_engine
+from zq.journal.memory_journal import MemoryJournal
+
+from .helpers import Harness
+
+
+def test_a_filtered_subscriber_gets_only_matching_messages_oldest_first():
+    h = Harness()
+    red = []
+    for color in ["blue", "red", "blue", "red", "red"]:
+        red += h.pub("jobs", color=color) if color == "red" else []
+        if color == "blue":
+            h.pub("jobs", color=color)
+    h.sub("r", "jobs", backlog=10, filter="color = 'red'")
+    assert h.drain() == {"r": red}
+
+
+def test_non_matching_messages_wait_for_others_and_do_not_block_the_queue():
+    h = Harness()
+    blue = h.pub("jobs", 3, color="blue")
+    red = h.pub("jobs", 2, color="red")
+    h.sub("r", "jobs", backlog=1, filter="color = 'red'")
+    assert h.drain() == {"r": red[:1]}  # the blue ones ahead do not block it
+    h.engine.ack("r", red[:1], h.now)
+    assert h.drain() == {"r": red[1:]}
+    h.sub("any", "jobs", backlog=10)
+    assert h.drain() == {"any": blue}  # set aside, then delivered in order
+    assert h.engine.queues["jobs"].depth == 0
+
+
+def test_a_plain_subscriber_gets_set_aside_messages_before_newer_ones():
+    h = Harness()
+    h.sub("r", "jobs", backlog=10, filter="color = 'red'")
+    blue = h.pub("jobs", 2, color="blue")
+    h.drain()
+    later = h.pub("jobs", 2, color="green")
+    h.sub("any", "jobs", backlog=10)
+    assert h.drain() == {"any": blue + later}
+
+
+def test_each_filtered_subscriber_sees_the_messages_others_refused():
+    h = Harness()
+    h.sub("r", "jobs", backlog=5, filter="color = 'red'")
+    h.sub("b", "jobs", backlog=5, filter="color = 'blue'")
+    seqs = [h.pub("jobs", color=c)[0] for c in ["red", "blue", "green", "blue", "red"]]
+    got = h.drain()
+    assert got == {"r": [seqs[0], seqs[4]], "b": [seqs[1], seqs[3]]}
+    assert h.engine.peek("jobs", 10) == [(seqs[2], 0)]
+
+
+def test_a_cancelled_message_comes_back_to_a_matching_subscriber_in_its_place():
+    h = Harness()
+    h.sub("r", "jobs", backlog=1, filter="/qty > 5")
+    small = h.pub("jobs", payload=b'{"qty": 1}')
+    big = h.pub("jobs", 2, payload=b'{"qty": 9}')
+    assert h.drain() == {"r": big[:1]}
+    h.engine.cancel("r", big[:1], h.now)
+    assert h.drain() == {"r": big[:1]}
+    h.engine.ack("r", big[:1], h.now)
+    assert h.drain() == {"r": big[1:]}
+    assert [s for s, _ in h.engine.peek("jobs", 10)] == small
+
+
+def test_group_order_holds_when_a_filter_refuses_a_groups_head():
+    h = Harness()
+    h.sub("r", "jobs", backlog=5, filter="color = 'red'")
+    first = h.pub("jobs", group="g", color="blue")
+    second = h.pub("jobs", group="g", color="red")
+    other = h.pub("jobs", group="h", color="red")
+    # g's red message must not overtake its blue head; group h is not blocked by g.
+    assert h.drain() == {"r": other}
+    h.sub("any", "jobs", backlog=5)
+    assert h.drain() == {"any": first}
+    h.engine.ack("r", other, h.now)
+    assert h.drain() == {}  # second waits while its group's head is out
+    h.engine.ack("any", first, h.now)
+    assert list(h.drain().values()) == [second]
+
+
+def test_an_exclusive_group_moves_when_its_owner_refuses_its_next_message():
+    h = Harness(QueueSettings(name="jobs", group_policy="exclusive"))
+    h.sub("r", "jobs", backlog=5, filter="color = 'red'")
+    a = h.pub("jobs", group="g", color="red")
+    assert h.drain() == {"r": a}
+    b = h.pub("jobs", group="g", color="blue")
+    h.sub("any", "jobs", backlog=5)
+    assert h.drain() == {}  # r still holds a: g stays with r until that is done
+    h.engine.ack("r", a, h.now)
+    assert h.drain() == {"any": b}
+    c = h.pub("jobs", group="g", color="red")
+    assert h.drain() == {"any": c}  # g now belongs to "any", which matches everything
+
+
+def test_set_aside_messages_still_expire_and_dead_letter():
+    h = Harness(QueueSettings(name="jobs", expiration_ms=1000, dead_letter="jobs.dead"))
+    h.sub("r", "jobs", backlog=5, filter="color = 'red'")
+    blue = h.pub("jobs", color="blue")
+    h.drain()
+    h.advance(1001)
+    h.drain()
+    expired = h.events(R.EXPIRED)
+    assert [e.bookmarks for e in expired] == [blue]
+    assert h.engine.queues["jobs"].depth == 0
+    assert h.engine.queues["jobs.dead"].depth == 1
+
+
+def test_a_filter_can_read_a_dead_letters_original_content():
+    h = Harness(QueueSettings(name="jobs", max_cancels=1, dead_letter="jobs.dead"))
+    h.sub("w", "jobs")
+    seq = h.pub("jobs", color="red")
+    h.drain()
+    h.engine.cancel("w", seq, h.now)
+    h.sub("d", "jobs.dead", backlog=5, filter="color = 'red' AND \"zq.reason\" = 'max-cancels'")
+    assert len(h.drain()["d"]) == 1
+
+
+def test_a_bad_filter_is_refused_with_its_position_and_nothing_changes():
+    h = Harness()
+    with pytest.raises(ExprError, match="position"):
+        h.sub("r", "jobs", filter="color = ")
+    assert "r" not in h.engine.subs
+
+
+def test_filters_need_a_content_reader():
+    with pytest.raises(NotSupportedError):
+        Engine().subscribe("s", "jobs", "c", 1, 0, filter="a = 1")
+
+
+def test_a_queue_filter_decides_which_messages_enter_and_survives_recovery():
+    journal = MemoryJournal()
+    settings = [QueueSettings(name="big", topics="orders", filter="/qty >= 10"),
+                QueueSettings(name="all", topics="orders")]
+    eng = Engine(settings, content=journal.get_message)
+    small = eng.publish("orders", b'{"qty": 1}', {}, 0)
+    big = eng.publish("orders", b'{"qty": 12}', {}, 0)
+    journal.append(eng.drain(0).records)
+    journal.commit(0)
+    assert [s for s, _ in eng.peek("big", 10)] == [big]
+    assert [s for s, _ in eng.peek("all", 10)] == [small, big]
+    again = recover_engine(journal, settings)
+    assert [s for s, _ in again.peek("big", 10)] == [big]
+    assert [s for s, _ in again.peek("all", 10)] == [small, big]
+
+
+def test_a_bad_queue_filter_is_a_config_error_naming_the_key():
+    from zq.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="filter"):
+        QueueSettings(name="q", filter="a AND").validate()
