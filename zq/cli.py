@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -15,13 +14,11 @@ from typing import Optional
 import msgspec
 import typer
 
-from zq.config import DEFAULT_ENDPOINT, Config
+from zq import cli_access
+from zq.config import Config
 from zq.core.errors import ZqError
 
-RET_OK = 0
-RET_ERROR = 1
-RET_USAGE = 2
-RET_CONNECT = 3
+from zq.cli_common import RET_CONNECT, RET_ERROR, RET_OK, RET_USAGE, EndpointOpt, client_for, endpoint_of, fail, message_json  # noqa: F401
 
 app = typer.Typer(
     name="zq",
@@ -29,28 +26,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-
-EndpointOpt = typer.Option(None, "--endpoint", "-e", help=f"dispatcher endpoint [env ZQ_ENDPOINT, default {DEFAULT_ENDPOINT}]")
-
-
-def endpoint_of(endpoint: str | None) -> str:
-    return endpoint or os.environ.get("ZQ_ENDPOINT") or DEFAULT_ENDPOINT
-
-
-def fail(message: str, code: int = RET_ERROR) -> typer.Exit:
-    typer.echo(f"zq: {message}", err=True)
-    return typer.Exit(code)
-
-
-def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    from zq.client import Client, ConnectionLost
-
-    ep = endpoint_of(endpoint)
-    try:
-        return Client(ep, connect_timeout=timeout)
-    except ConnectionLost as exc:
-        raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
-
 
 def load_config(config: str | None, data: str | None, bind: list[str] | None, durability: str | None) -> Config:
     try:
@@ -132,16 +107,6 @@ def publish(
                 typer.echo(f.result(60))
         except ZqError as exc:
             raise fail(str(exc)) from None
-
-
-def message_json(msg) -> str:  # type: ignore[no-untyped-def]
-    doc = {"bookmark": msg.bookmark, "topic": msg.topic, "headers": msg.headers, "group": msg.group, "deliveries": msg.deliveries}
-    try:
-        doc["data"] = msg.data.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["data"] = base64.b64encode(msg.data).decode()
-        doc["encoding"] = "base64"
-    return json.dumps(doc, ensure_ascii=False)
 
 
 @app.command()
@@ -279,6 +244,9 @@ def demo(
 
 def main() -> None:
     app()
+
+
+cli_access.register(app)
 
 
 if __name__ == "__main__":

@@ -362,12 +362,62 @@ class Client:
             raise
         return sub
 
+    def claim(
+        self,
+        queue: str,
+        *,
+        limit: int = 1,
+        wait: float = 0.0,
+        lease: float = 30.0,
+        destructive: bool = False,
+        filter: str | None = None,
+    ) -> list[Message]:
+        """Pull up to ``limit`` messages leased for ``lease`` seconds (Marconi claims).
+
+        Waits up to ``wait`` seconds for at least one (long poll); returns what it got,
+        possibly nothing. Ack, cancel, expire and extend them as pushed messages.
+        ``destructive`` removes them as they are taken (an at-most-once batch get).
+        """
+        self._check_open()
+        sub_id = f"claim:{queue}"
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            sub = self._subs[sub_id] = Subscription(self, sub_id, queue, 0)  # backlog 0: never resubscribed
+        answer = self._request(
+            lambda req: wire.Claim(req, sub_id, queue, limit, int(wait * 1000), int(lease * 1000), destructive, filter),
+            timeout=wait + 30.0,
+        )
+        out = []
+        for _ in range(answer["count"]):
+            msg = sub.get(5.0)  # already received: the answer follows its DELIVER frames
+            if msg is None:
+                break
+            out.append(msg)
+        return out
+
     def stats(self, timeout: float = 10.0) -> dict:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)
 
     def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:
         """Waiting messages in delivery order, without leasing them (a read-only view)."""
         return self._request(lambda req: wire.Peek(req, queue, limit, filter), timeout=timeout)
+
+    def query(
+        self,
+        queue: str,
+        *,
+        group_by: list[str] | None = None,
+        aggregates: list[str] | None = None,
+        filter: str | None = None,
+        timeout: float = 30.0,
+    ) -> list[dict]:
+        """Counts, sums, averages, min / max over available messages, per group-by key.
+
+        ``aggregates`` are ``count``, ``count(EXPR)``, ``sum(EXPR)``, ``avg(EXPR)``,
+        ``min(EXPR)``, ``max(EXPR)``; rows are keyed by the expressions' texts.
+        """
+        answer = self._request(lambda req: wire.QueryCmd(req, queue, group_by or [], aggregates or [], filter), timeout=timeout)
+        return answer["rows"]
 
     def queues(self, timeout: float = 10.0) -> list[dict]:
         return self._request(lambda req: wire.Queues(req), timeout=timeout)

@@ -38,6 +38,7 @@ log = logging.getLogger("zq.server")
 
 FRAMES_PER_ITERATION = 1000
 RETENTION_INTERVAL_MS = 10_000
+CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 SERVER_NAME = "zq/0.1.0"
 
 
@@ -94,6 +95,7 @@ class Server:
         self.next_heartbeat_ms = 0
         self.next_retention_ms = self.started_ms + RETENTION_INTERVAL_MS
         self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
+        self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
         self.frames_in = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
@@ -140,6 +142,8 @@ class Server:
         d = self.engine.next_deadline_ms()
         if d is not None:
             deadline = min(deadline, d)
+        for _, _, due in self.claims.values():
+            deadline = min(deadline, due)
         return max(0, min(deadline - now, 1000))
 
     def iteration(self, poll: bool = True) -> None:
@@ -168,6 +172,12 @@ class Server:
             self.send(peer_id, frame)
         for d in out.deliveries:
             self.deliver(d)
+            claim = self.claims.pop(d.sub_id, None)
+            if claim is not None:  # the claim's answer follows its DELIVER frames
+                self.engine.end_claim(d.sub_id)
+                self.send(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
+        if self.claims:
+            self.end_due_claims(now)
         if now >= self.next_heartbeat_ms:
             self.heartbeat(now)
         if now >= self.next_retention_ms:
@@ -252,6 +262,11 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
         elif t is wire.Queues:
             self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
+        elif t is wire.Claim:
+            self.on_claim(peer, cmd, now)  # type: ignore[arg-type]
+        elif t is wire.QueryCmd:
+            q = self.engine.query(cmd.queue, cmd.group_by, cmd.aggregates, cmd.filter)  # type: ignore[attr-defined]
+            self.reply(peer_id, wire.Reply(cmd.req, q))  # type: ignore[attr-defined]
         else:  # pragma: no cover - the decoder only yields the types above
             raise ProtocolError(f"unexpected command {t.__name__}")
 
@@ -281,6 +296,24 @@ class Server:
                                         filter=cmd.filter)
         peer.subs.add(cmd.sub)
         self.reply(peer.peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
+
+    def on_claim(self, peer: Peer, cmd: wire.Claim, now: int) -> None:
+        key = self.sub_key(peer, cmd.sub)
+        if key in self.claims:
+            raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
+        wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
+        self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
+                          destructive=cmd.destructive, filter=cmd.filter)
+        peer.subs.add(cmd.sub)
+        self.claims[key] = (peer.peer_id, cmd.req, now + wait_ms)
+
+    def end_due_claims(self, now: int) -> None:
+        """Claims whose wait ran out answer with nothing."""
+        for key, (peer_id, req, due) in list(self.claims.items()):
+            if due <= now:
+                del self.claims[key]
+                self.engine.end_claim(key)
+                self.send(peer_id, wire.encode(wire.Reply(req, {"count": 0})))
 
     def on_unsubscribe(self, peer: Peer, cmd: wire.Unsubscribe, now: int) -> None:
         if cmd.sub not in peer.subs:
@@ -371,6 +404,8 @@ class Server:
     def drop_peer(self, peer_id: bytes, now: int) -> None:
         peer = self.peers.pop(peer_id, None)
         if peer is not None:
+            for sub in peer.subs:
+                self.claims.pop(self.sub_key(peer, sub), None)
             self.engine.disconnect(peer.consumer, now)
 
     # ----------------------------------------------------------- upkeep
@@ -401,6 +436,7 @@ class Server:
         for peer_id in list(self.peers):
             self.send(peer_id, wire.encode(wire.Error(0, wire.RESET, "the dispatcher reset its sessions; reconnect")))
         self.peers.clear()
+        self.claims.clear()
         self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
 
     # ----------------------------------------------------------- views

@@ -21,3 +21,14 @@ def stats_table(st: dict) -> Table:
             f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
         )
     return table
+
+
+def rows_table(rows: list[dict], columns: list[str]) -> Table:
+    """Query answers: one row per group-by key, a column per key and aggregate."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < len(columns) - sum(1 for c in columns if "(" in c or c == "count") else "right")
+    for row in rows:
+        table.add_row(*("NULL" if row.get(c) is None else f"{row[c]:.6g}" if isinstance(row.get(c), float) else str(row.get(c))
+                        for c in columns))
+    return table

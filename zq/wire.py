@@ -97,7 +97,29 @@ class Queues(_Cmd, tag="queues"):
     req: int
 
 
-ClientCommand = Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
+class Claim(_Cmd, tag="claim"):
+    req: int
+    sub: str  # the claim's subscription id on this connection (created by the first claim)
+    queue: str
+    limit: int = 1
+    wait_ms: int = 0  # long poll: wait this long for at least one message
+    lease_ms: int = 30_000
+    destructive: bool = False
+    filter: str | None = None
+
+
+class QueryCmd(_Cmd, tag="query"):
+    req: int
+    queue: str
+    group_by: list[str] = []
+    aggregates: list[str] = []
+    filter: str | None = None
+
+
+ClientCommand = (
+    Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
+    | QueryCmd | Claim
+)
 
 
 # ------------------------------------------------------------ server -> client

@@ -62,3 +62,53 @@ def test_peek_with_a_filter_lists_matching_waiting_messages(dispatcher):
         assert [m["bookmark"] for m in got] == [bms[0], bms[1], bms[2]]
         assert [m["bookmark"] for m in c.peek("orders", limit=1, filter="region = 'ap'")] == [bms[3]]
         wait_until(lambda: c.stats()["queues"]["orders"]["depth"] == 4, what="nothing leased by peeking")
+
+
+def test_query_aggregates_available_messages_per_group(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        orders(c, ROWS)
+        rows = c.query("orders", group_by=["region"], aggregates=["count", "sum(/qty * /price)", "avg(/qty)", "max(/price)"])
+        assert rows == [
+            {"region": "ap", "count": 1, "sum(/qty * /price)": 21.0, "avg(/qty)": 7.0, "max(/price)": 3.0},
+            {"region": "eu", "count": 2, "sum(/qty * /price)": 100.0, "avg(/qty)": 12.5, "max(/price)": 10.0},
+            {"region": "us", "count": 1, "sum(/qty * /price)": 99.0, "avg(/qty)": 1.0, "max(/price)": 99.0},
+        ]
+        assert c.query("orders", aggregates=["count(/missing)", "min(region)"], filter="/qty > 1") == [
+            {"count(/missing)": 0, "min(region)": "ap"}]
+        with pytest.raises(ZqError, match="aggregate 'median"):
+            c.query("orders", aggregates=["median(/qty)"])
+
+
+def test_claims_pull_leased_batches_and_long_poll(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c, zq.connect(dispatcher.inproc) as pub:
+        bms = pub.publish_many("work", [f"m{i}" for i in range(5)])
+        got = c.claim("work", limit=3, lease=30)
+        assert [m.bookmark for m in got] == bms[:3]
+        assert [m.bookmark for m in c.claim("work", limit=10)] == bms[3:]
+        assert c.claim("work", limit=10) == []  # wait 0: answers at once with nothing
+        for m in got:
+            m.ack()
+        wait_until(lambda: pub.stats()["queues"]["work"]["acked"] == 3, what="acks of claimed messages")
+        # long poll: a message published while the claim waits is returned at once
+        import threading
+
+        threading.Timer(0.3, lambda: pub.publish("work", b"late")).start()
+        late = c.claim("work", limit=5, wait=10)
+        assert [m.data for m in late] == [b"late"]
+        late[0].extend(60)
+        late[0].ack()
+
+
+def test_a_claims_lease_expiry_returns_the_message_and_destructive_claims_remove(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        bm = c.publish("work", b"x")
+        first = c.claim("work", limit=1, lease=0.2)
+        assert [m.bookmark for m in first] == [bm]
+        again = c.claim("work", limit=1, wait=5, lease=30)  # comes back when the 0.2 s lease ends
+        assert [(m.bookmark, m.deliveries) for m in again] == [(bm, 2)]
+        again[0].ack()
+        c.publish_many("work", ["a", "b"])
+        taken = c.claim("work", limit=5, destructive=True)
+        assert [m.data for m in taken] == [b"a", b"b"]
+        st = c.stats()["queues"]["work"]
+        assert st["depth"] == 0 and st["leased"] == 0

@@ -31,6 +31,7 @@ import msgspec
 from zq.core import expr, limits
 from zq.core import records as R
 from zq.core.errors import LimitError, NotSupportedError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
+from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
 from zq.core.settings import QueueSettings, auto_queue
 
@@ -286,6 +287,54 @@ class Engine:
         self.last_content = (seq, m)
         return m
 
+    def claim(
+        self,
+        sub_id: str,
+        queue: str,
+        consumer: str,
+        limit: int,
+        lease_ms: int,
+        now_ms: int,
+        *,
+        destructive: bool = False,
+        filter: str | None = None,
+    ) -> None:
+        """Open a claim (Marconi): up to ``limit`` messages leased for ``lease_ms``.
+
+        The claim's deliveries come out of ``drain`` like any subscription's; the
+        adapter ends the claim (``end_claim``) once it has answered. A ``destructive``
+        claim removes what it takes (acked in the same step: an at-most-once batch get).
+        """
+        self.set_time(now_ms)
+        if not 1 <= limit <= limits.CLAIM_MAX:
+            raise ProtocolError(f"claim limit must be 1..{limits.CLAIM_MAX}, got {limit}")
+        if lease_ms <= 0:
+            raise ProtocolError("a claim's lease must be positive")
+        match = self.matcher(expr.compile_filter(filter)) if filter else None
+        sub = self.subs.get(sub_id)
+        if sub is None:
+            self.subscribe(sub_id, queue, consumer, 1, now_ms)
+            sub = self.subs[sub_id]
+            sub.pull = True
+            sub.backlog = 0
+        elif not sub.pull or sub.queue.name != queue:
+            raise ProtocolError(f"subscription {sub_id!r} is not a claim on {queue!r}")
+        q = sub.queue
+        if (match is None) != (sub.match is None):
+            q.filtered += 1 if match is not None else -1
+        sub.match, sub.filter_text = match, filter or None
+        sub.skip_gen = -1  # a new filter judges the set-aside messages afresh
+        sub.lease_ms = lease_ms
+        sub.destructive = destructive
+        sub.backlog = sub.used + limit
+        q.credit_opened(sub)
+
+    def end_claim(self, sub_id: str) -> None:
+        """The claim was answered (or timed out): no more credit until the next one."""
+        sub = self.subs.get(sub_id)
+        if sub is not None and sub.pull:
+            sub.backlog = sub.used
+
     def sub(self, sub_id: str) -> Subscription:
         s = self.subs.get(sub_id)
         if s is None:
@@ -406,6 +455,9 @@ class Engine:
                 seqs, deliveries = sub.queue.take_outbox(sub)
                 self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
                 self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, deliveries))
+                if sub.destructive:
+                    self.ack(sub.sub_id, seqs, now)  # a destructive claim: gone before it is sent
+                    self.flush_events(sub.queue)
         if now >= self.rp_due_ms:
             self.rp_due_ms = now + limits.RECOVERY_POINT_INTERVAL_MS
             self.write_recovery_points()
@@ -547,6 +599,22 @@ class Engine:
             if match is None or match(seq):
                 out.append((seq, q.deliveries_of(seq)))
         return out
+
+    def query(self, queue: str, group_by: list[str], aggregates: list[str], filter: str | None = None) -> dict[str, Any]:
+        """Aggregates over the available messages of ``queue`` (see ``zq.core.query``)."""
+        q = self.queue(queue)
+        if self.content is None:
+            raise NotSupportedError("queries need an engine with a content reader (a journal)")
+        qry = Query(group_by, aggregates, filter)
+        truncated = False
+        for i, seq in enumerate(q.waiting()):
+            if i >= limits.VIEW_SCAN_MAX:
+                truncated = True
+                break
+            m = self.message(seq)
+            if m is not None:
+                qry.add(m)
+        return {"rows": qry.rows(), "scanned": qry.scanned, "truncated": truncated}
 
     # ------------------------------------------------------------- recovery
 

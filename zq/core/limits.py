@@ -19,6 +19,7 @@ ACK_BATCH_MAX = 65_536  # bookmarks in one ack frame
 DELIVER_BATCH_MAX = 256  # messages in one deliver frame
 RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journaled
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
+CLAIM_MAX = 4096  # messages one claim may take
 VIEW_SCAN_MAX = 1_000_000  # messages one peek / query / ack-by-filter reads (bounds a loop stall)
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX

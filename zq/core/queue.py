@@ -75,7 +75,7 @@ class Subscription:
     __slots__ = (
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
-        "match", "filter_text", "skip_cursor", "skip_gen",
+        "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
@@ -97,6 +97,11 @@ class Subscription:
         self.filter_text = filter_text
         self.skip_cursor = 0  # see Queue: skipped entries below this were judged
         self.skip_gen = -1
+        # Pull (claim) subscriptions have credit only while a claim is open: ``backlog``
+        # is ``used`` plus what the open claim still wants, and settling keeps it so.
+        self.pull = False
+        self.lease_ms: int | None = None  # a claim's own lease period (None: the queue's)
+        self.destructive = False  # the open claim removes what it takes (batch get)
 
 
 class Lease:
@@ -519,8 +524,13 @@ class Queue:
     def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
         lease = sub.current
         if lease is None:
-            lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
-            self.lease_fifo.append(lease)
+            if sub.lease_ms is None:
+                lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
+                self.lease_fifo.append(lease)  # one lease period: deadlines in order
+            else:
+                lease = sub.current = Lease(sub, now_ms + sub.lease_ms, now_ms)
+                self.lease_tiebreak += 1
+                heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
             if len(sub.leases) > 64:
                 sub.leases = [x for x in sub.leases if x.live]
             sub.leases.append(lease)
@@ -566,12 +576,10 @@ class Queue:
         lease.live -= 1
         sub = lease.sub
         sub.used -= 1
-        if sub.waiting_groups:
-            for gid in sub.waiting_groups:
-                grp = self.groups.get(gid)
-                if grp is not None and grp.has_pending():
-                    heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
-            sub.waiting_groups.clear()
+        if sub.pull:
+            sub.backlog -= 1  # settling a claimed message opens no credit
+        else:
+            self.credit_opened(sub)
         m = self.meta[seq]
         gid = m >> _G_SHIFT
         if gid:
@@ -583,6 +591,16 @@ class Queue:
                 heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
         self.dirty = True
         return lease, m
+
+    def credit_opened(self, sub: Subscription) -> None:
+        """Exclusive groups parked for ``sub``'s credit may go again."""
+        if sub.waiting_groups:
+            for gid in sub.waiting_groups:
+                grp = self.groups.get(gid)
+                if grp is not None and grp.has_pending():
+                    heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+            sub.waiting_groups.clear()
+        self.dirty = True
 
     def finish(self, seq: int, gid: int) -> None:
         """The message leaves the queue for good."""

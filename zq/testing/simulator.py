@@ -51,6 +51,7 @@ class SimOptions:
     p_extend: float
     p_subscribe: float
     p_filtered: float
+    p_pull: float
     p_worker_death: float
     p_crash: float
     p_crash_before_commit: float
@@ -95,6 +96,7 @@ class SimOptions:
             p_extend=rng.uniform(0.0, 0.1),
             p_subscribe=rng.uniform(0.02, 0.1),
             p_filtered=rng.choice([0.0, 0.3, 0.8]),
+            p_pull=rng.choice([0.0, 0.0, 0.3]),
             p_worker_death=rng.choice([0.0, 0.01, 0.05]),
             p_crash=rng.choice([0.0, 0.005, 0.02]),
             p_crash_before_commit=rng.choice([0.0, 0.5]),
@@ -109,6 +111,8 @@ class Worker:
     queue: str
     held: list[int] = field(default_factory=list)
     filter: str | None = None
+    pull: bool = False  # claims instead of a subscription
+    destructive: bool = False  # the claim of this step removes what it takes
 
 
 class Simulator:
@@ -149,9 +153,16 @@ class Simulator:
             self.publish(rng.randint(1, 8))
         for w in list(self.workers.values()):
             self.work(w, faults)
+            if w.pull and rng.random() < 0.5:
+                w.destructive = rng.random() < 0.2
+                self.engine.claim(w.sub_id, w.queue, w.name, rng.randint(1, 4), rng.choice([50, 500, 5000]),
+                                  self.now_ms, destructive=w.destructive, filter=w.filter)
         if faults and rng.random() < o.p_worker_death and self.workers:
             self.kill_worker(rng.choice(sorted(self.workers)))
         out = self.engine.drain(self.now_ms)
+        for w in self.workers.values():
+            if w.pull:
+                self.engine.end_claim(w.sub_id)  # answered: the claim is over
         self.journal.append(out.records)
         if faults and rng.random() < o.p_crash:
             self.crash(lose_step=rng.random() < o.p_crash_before_commit, out=out)
@@ -172,7 +183,8 @@ class Simulator:
                     m = self.journal.get_message(seq)
                     if m is None or not check(m.headers, m.payload, m.topic):
                         raise InvariantError(f"{d.sub_id} with filter {w.filter!r} got non-matching {seq}: {m}")
-            w.held.extend(d.seqs)
+            if not (w.pull and w.destructive):
+                w.held.extend(d.seqs)
         self.oracle.check(self.engine)
 
     def crash(self, *, lose_step: bool, out: Output) -> None:
@@ -203,6 +215,9 @@ class Simulator:
         flt = None
         if filtered and self.rng.random() < self.options.p_filtered:
             flt = self.rng.choice(FILTERS)
+        if filtered and self.rng.random() < self.options.p_pull:
+            self.workers[name] = Worker(name, sub_id, queue, filter=flt, pull=True)
+            return
         self.engine.subscribe(sub_id, queue, name, self.rng.choice([1, 2, 3, 8]), self.now_ms, filter=flt)
         self.workers[name] = Worker(name, sub_id, queue, filter=flt)
 

@@ -1,0 +1,47 @@
+"""What every ``zq`` command shares: exit codes, the endpoint option, a client."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import typer
+
+from zq.config import DEFAULT_ENDPOINT
+
+RET_OK = 0
+RET_ERROR = 1
+RET_USAGE = 2
+RET_CONNECT = 3
+
+EndpointOpt = typer.Option(None, "--endpoint", "-e", help=f"dispatcher endpoint [env ZQ_ENDPOINT, default {DEFAULT_ENDPOINT}]")
+
+
+def endpoint_of(endpoint: str | None) -> str:
+    return endpoint or os.environ.get("ZQ_ENDPOINT") or DEFAULT_ENDPOINT
+
+
+def fail(message: str, code: int = RET_ERROR) -> typer.Exit:
+    typer.echo(f"zq: {message}", err=True)
+    return typer.Exit(code)
+
+
+def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    from zq.client import Client, ConnectionLost
+
+    ep = endpoint_of(endpoint)
+    try:
+        return Client(ep, connect_timeout=timeout)
+    except ConnectionLost as exc:
+        raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
+
+
+def message_json(msg) -> str:  # type: ignore[no-untyped-def]
+    doc = {"bookmark": msg.bookmark, "topic": msg.topic, "headers": msg.headers, "group": msg.group, "deliveries": msg.deliveries}
+    try:
+        doc["data"] = msg.data.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["data"] = base64.b64encode(msg.data).decode()
+        doc["encoding"] = "base64"
+    return json.dumps(doc, ensure_ascii=False)
