@@ -75,6 +75,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_groups: int = limits.GROUPS_PER_QUEUE_MAX
     allow_ack_unleased: bool = False
     filter: str | None = None
+    dedup_window: str = "24h"
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -165,6 +166,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         max_groups=q.max_groups,
         allow_ack_unleased=q.allow_ack_unleased,
         filter=q.filter,
+        dedup_window_ms=duration_ms(q.dedup_window, f"{where}.dedup_window"),
     )
     try:
         return settings.validate()

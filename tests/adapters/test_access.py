@@ -112,3 +112,22 @@ def test_a_claims_lease_expiry_returns_the_message_and_destructive_claims_remove
         assert [m.data for m in taken] == [b"a", b"b"]
         st = c.stats()["queues"]["work"]
         assert st["depth"] == 0 and st["leased"] == 0
+
+
+def test_dedup_by_message_id_holds_across_a_server_restart(tmp_path):
+    from .support import ServerProcess
+
+    server = ServerProcess(tmp_path).start()
+    try:
+        with zq.connect(server.endpoint) as c:
+            first = c.publish("jobs", b"charge card", msg_id="payment-77")
+            assert c.publish("jobs", b"charge card", msg_id="payment-77") == first
+        server.kill()  # SIGKILL: what was confirmed is in the journal, ids included
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            assert c.publish("jobs", b"charge card", msg_id="payment-77") == first
+            assert c.publish("jobs", b"charge card", msg_id="payment-78") != first
+            st = c.stats()
+            assert st["queues"]["jobs"]["depth"] == 2 and st["duplicates"] == 1
+    finally:
+        server.terminate()

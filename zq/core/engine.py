@@ -64,8 +64,14 @@ class Engine:
         auto_queues: bool = True,
         next_seq: int = 1,
         content: Callable[[int], R.Message | None] | None = None,
+        find_id: Callable[[str, str], tuple[int, int] | None] | None = None,
     ) -> None:
         self.queues: dict[str, Queue] = {}
+        # The dedup port: (topic, message id) -> (bookmark, publish ms) of its first
+        # journaled publish. This step's ids are not journaled yet: ``step_ids``.
+        self.find_id = find_id
+        self.step_ids: dict[tuple[str, str], tuple[int, int]] = {}
+        self.duplicates = 0
         # The content port: reads a journaled message by bookmark (filters need it).
         # Messages of the current step are not journaled yet; ``message`` finds those
         # in ``records``.
@@ -156,11 +162,58 @@ class Engine:
         """
         self.set_time(now_ms)
         topic = self.resolve_topic(topic)
-        for payload, headers, _ in items:
+        for payload, headers, msg_id in items:
             if len(payload) > max_message_bytes:
                 raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_message_bytes}")
             check_message(topic, payload, headers)
+            if msg_id is not None and len(msg_id) > limits.HEADER_BYTES_MAX:
+                raise LimitError(f"message id longer than {limits.HEADER_BYTES_MAX}")
         queues = self.route_or_create(topic)
+        known: dict[int, int] = {}  # index in items -> bookmark of its first publish
+        if any(msg_id is not None for _, _, msg_id in items):
+            known = self.seen_ids(topic, items, queues, now_ms)
+            if known:
+                fresh = [it for i, it in enumerate(items) if i not in known]
+                seqs = self.publish_fresh(topic, fresh, queues, now_ms) if fresh else []
+                out, it = [], iter(seqs)
+                for i in range(len(items)):
+                    out.append(known[i] if i in known else next(it))
+                return out
+        return self.publish_fresh(topic, items, queues, now_ms)
+
+    def seen_ids(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
+                 now_ms: int) -> dict[int, int]:
+        """Items whose message id was published to ``topic`` within the dedup window."""
+        window = max((q.settings.dedup_window_ms for q in queues), default=QueueSettings.dedup_window_ms)
+        if not window:
+            return {}
+        known: dict[int, int] = {}
+        batch: dict[str, int] = {}
+        for i, (_, _, msg_id) in enumerate(items):
+            if msg_id is None:
+                continue
+            if msg_id in batch:
+                known[i] = -1 - batch[msg_id]  # the same id earlier in this batch: resolved below
+                continue
+            hit = self.step_ids.get((topic, msg_id))
+            if hit is None and self.find_id is not None:
+                hit = self.find_id(topic, msg_id)
+            if hit is not None and hit[1] >= now_ms - window:
+                known[i] = hit[0]
+            else:
+                batch[msg_id] = i
+        if known:
+            self.duplicates += len(known)
+            # Repeats inside the batch get the bookmark their first occurrence will get.
+            order = [i for i in range(len(items)) if i not in known]
+            first = self.next_seq
+            for i, v in list(known.items()):
+                if v < 0:
+                    known[i] = first + order.index(-1 - v)
+        return known
+
+    def publish_fresh(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
+                      now_ms: int) -> list[int]:
         for q in queues:
             if q.grouped:
                 header = q.settings.group_header
@@ -175,6 +228,8 @@ class Engine:
         message = R.Message
         for i, (payload, headers, msg_id) in enumerate(items):
             append(message(first + i, now_ms, topic, headers, payload, msg_id))
+            if msg_id is not None:
+                self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
             if q.grouped:
@@ -465,6 +520,8 @@ class Engine:
         self.records, self.deliveries = [], []
         self.step_messages = None
         self.last_content = (-1, None)
+        if self.step_ids:
+            self.step_ids = {}
         return out
 
     def flush_expired(self, q: Queue) -> None:
@@ -576,7 +633,7 @@ class Engine:
             }
             if q.grouped:
                 queues[q.name]["group_summary"] = q.group_summary()
-        return {"queues": queues, "published": self.published, "next_seq": self.next_seq}
+        return {"queues": queues, "published": self.published, "duplicates": self.duplicates, "next_seq": self.next_seq}
 
     def oldest_waiting_ms(self, q: Queue) -> int | None:
         """Age of the oldest waiting message (ms), or None when nothing waits."""
@@ -630,6 +687,7 @@ class Engine:
         *,
         auto_queues: bool = True,
         content: Callable[[int], R.Message | None] | None = None,
+        find_id: Callable[[str, str], tuple[int, int] | None] | None = None,
     ) -> "Engine":
         """Rebuild every queue from the journal (a pure fold over its records).
 
@@ -638,7 +696,7 @@ class Engine:
         sequence order. Acked and expired messages are gone; every other message
         returns to its queue in its original order with its delivery and cancel counts.
         """
-        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq, content=content)
+        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq, content=content, find_id=find_id)
         for d in declared:
             settings = msgspec.json.decode(d.settings_json, type=QueueSettings)
             if settings.name not in eng.queues:  # config wins over run-time declarations

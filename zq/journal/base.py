@@ -19,6 +19,7 @@ class RecoveryInput(Protocol):
     def read_messages(self, from_seq: int) -> Iterator[R.Message]: ...
     def read_events(self, from_seq: int) -> Iterator[R.Event]: ...
     def get_message(self, seq: int) -> R.Message | None: ...
+    def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None: ...
 
 
 class Journal(RecoveryInput, Protocol):
@@ -48,6 +49,7 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
         journal.read_messages(start),
         auto_queues=auto_queues,
         content=journal.get_message,
+        find_id=journal.find_id,
     )
 
 

@@ -18,6 +18,7 @@ The map is sparse and large; if it still fills, the writer doubles it and retrie
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,15 @@ _KEY = struct.Struct(">Q")
 DURABILITY_MODES = ("fsync", "batch", "none")
 MAP_SIZE_DEFAULT = 1 << 40  # 1 TiB: sparse, costs nothing without writemap
 TRIM_BATCH_MAX = 100_000  # records deleted per commit at most (bounded work per loop)
+
+
+_ID = struct.Struct(">QQ")
+
+
+def id_key(topic: str, msg_id: str) -> bytes:
+    """LMDB keys stop at 511 bytes: longer topic+id pairs are keyed by their hash."""
+    k = topic.encode() + b"\0" + msg_id.encode()
+    return k if len(k) <= 400 else b"\1" + hashlib.blake2b(k, digest_size=32).digest()
 
 
 def key(seq: int) -> bytes:
@@ -65,7 +75,7 @@ class LmdbJournal:
             self.env = lmdb.open(
                 path,
                 map_size=map_size,
-                max_dbs=4,
+                max_dbs=5,
                 sync=False,
                 metasync=False,
                 writemap=False,
@@ -79,6 +89,10 @@ class LmdbJournal:
         self.events = self.env.open_db(b"events", create=not readonly)
         self.queues = self.env.open_db(b"queues", create=not readonly)
         self.meta = self.env.open_db(b"meta", create=not readonly)
+        try:  # message ids for dedup: topic \0 id -> seq, ts (journals before dedup lack it)
+            self.ids: object | None = self.env.open_db(b"ids", create=not readonly)
+        except lmdb.NotFoundError:
+            self.ids = None
         self.staged: list[object] = []
         self.last_sync_ms = 0
         self.unsynced = False
@@ -150,6 +164,8 @@ class LmdbJournal:
         with self.env.begin(write=True) as txn:
             for rec in staged:
                 if type(rec) is R.Message:
+                    if rec.msg_id is not None and rec.copy_of is None:
+                        txn.put(id_key(rec.topic, rec.msg_id), _ID.pack(rec.seq, rec.ts_ms), db=self.ids, overwrite=False)
                     if rec.copy_of is not None:
                         rec = resolve_copy(rec, copies.get(rec.copy_of) or self.get_in(txn, rec.copy_of))
                     copies[rec.seq] = rec
@@ -181,6 +197,14 @@ class LmdbJournal:
         with self.env.begin(db=self.msgs) as txn:
             raw = txn.get(_KEY.pack(seq))
         return R.message_decoder.decode(raw) if raw is not None else None
+
+    def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None:
+        """The dedup port: bookmark and time of the first journaled publish of ``msg_id``."""
+        if self.ids is None:
+            return None
+        with self.env.begin(db=self.ids) as txn:
+            raw = txn.get(id_key(topic, msg_id))
+        return _ID.unpack(raw) if raw is not None else None
 
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
         dec = R.message_decoder.decode
@@ -282,8 +306,14 @@ class LmdbJournal:
             for db, decode in ((self.msgs, R.message_decoder.decode), (self.events, R.event_decoder.decode)):
                 with txn.cursor(db=db) as cur:
                     while deleted < TRIM_BATCH_MAX and cur.first() and cur.key() < stop:
-                        if decode(cur.value()).ts_ms >= older_than_ms:
+                        rec = decode(cur.value())
+                        if rec.ts_ms >= older_than_ms:
                             break
+                        if db is self.msgs and rec.msg_id is not None and self.ids is not None:
+                            k = id_key(rec.topic, rec.msg_id)
+                            raw = txn.get(k, db=self.ids)
+                            if raw is not None and _ID.unpack(raw)[0] == rec.seq:
+                                txn.delete(k, db=self.ids)
                         cur.delete()
                         deleted += 1
         if deleted:

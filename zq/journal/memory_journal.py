@@ -23,6 +23,7 @@ class MemoryJournal:
         self.rps: dict[str, int] = {}
         self.staged: list[object] = []
         self.by_seq: dict[int, R.Message] = {}
+        self.ids: dict[tuple[str, str], tuple[int, int]] = {}
 
     def append(self, records: Iterable[object]) -> None:
         self.staged.extend(records)
@@ -31,6 +32,8 @@ class MemoryJournal:
         staged, self.staged = self.staged, []
         for rec in staged:
             if isinstance(rec, R.Message):
+                if rec.msg_id is not None and rec.copy_of is None:
+                    self.ids.setdefault((rec.topic, rec.msg_id), (rec.seq, rec.ts_ms))
                 if rec.copy_of is not None:
                     rec = resolve_copy(rec, self.by_seq.get(rec.copy_of))
                 assert not self.message_seqs or rec.seq > self.message_seqs[-1]
@@ -69,6 +72,10 @@ class MemoryJournal:
     def get_message(self, seq: int) -> R.Message | None:
         """The engine's content port: a committed message, dead letters resolved."""
         return self.by_seq.get(seq)
+
+    def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None:
+        """The dedup port: the first journaled publish of ``msg_id`` on ``topic``."""
+        return self.ids.get((topic, msg_id))
 
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
         return [self.by_seq[s] for s in seqs]
