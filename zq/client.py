@@ -246,6 +246,53 @@ class Subscription:
         self.close()
 
 
+_END = object()  # in a replay's inbox: its END arrived; nothing follows
+
+
+class Replay(Subscription):
+    """A journal replay: iterate to read; taking a message returns its window slot.
+
+    No acks are needed (or possible): a replay has no queue semantics. After a
+    reconnect it resumes after the last message taken.
+    """
+
+    def __init__(self, client: "Client", sub_id: str, cmd: wire.Replay) -> None:
+        super().__init__(client, sub_id, cmd.target, 0)
+        self.cmd = cmd
+        self.last: int | None = None
+        self.ended = False
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.local:
+            if self.closed or self.ended:
+                raise StopIteration
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
+            except queue_mod.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            if item is _END:
+                self.ended = True
+                raise StopIteration
+            if item is None:
+                continue
+            generation, batch = item
+            self.local.extend(Message(r, n, self, generation) for r, n in batch)
+        msg = self.local.popleft()
+        self.last = msg.bookmark
+        self.settle.append(("ack", msg.bookmark, msg._generation))  # window credit, not an ack of the message
+        self.client._wake()
+        return msg
+
+    def resume_command(self, req: int) -> wire.Replay:
+        start = self.cmd.start if self.last is None else self.last + 1
+        start_ms = self.cmd.start_ms if self.last is None else None
+        return msgspec.structs.replace(self.cmd, req=req, start=start, start_ms=start_ms)
+
+
 class Client:
     """A connection to a zq dispatcher (see module docstring)."""
 
@@ -394,6 +441,39 @@ class Client:
                 break
             out.append(msg)
         return out
+
+    def replay(
+        self,
+        target: str,
+        *,
+        start: int | str = 0,
+        since_ms: int | None = None,
+        end: int | None = None,
+        follow: bool = False,
+        filter: str | None = None,
+        window: int = 1000,
+    ) -> Replay:
+        """Read the journal as plain pub/sub: every message of a topic (or of a queue's
+        topics, or of a ``^regex``) from ``start`` (a bookmark, 0 = the beginning,
+        ``"now"``) or from ``since_ms`` (epoch ms), then live with ``follow``.
+
+        Several readers each see every message, each with its own marker.
+        """
+        self._check_open()
+        if start == "now":
+            start = -1
+        elif not isinstance(start, int):
+            raise ValueError(f"start must be a bookmark or 'now', got {start!r}")
+        sub_id = f"r{next(self._sub_ids)}"
+        cmd = wire.Replay(0, sub_id, target, start, since_ms, end, follow, filter, window)
+        sub = Replay(self, sub_id, cmd)
+        self._subs[sub_id] = sub
+        try:
+            self._request(lambda req: msgspec.structs.replace(cmd, req=req), timeout=30)
+        except BaseException:
+            self._subs.pop(sub_id, None)
+            raise
+        return sub
 
     def stats(self, timeout: float = 10.0) -> dict:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)
@@ -570,6 +650,10 @@ class Client:
                     sub.inbox.put((self.generation, batch))
         elif t is wire.Confirm:
             self._resolve(msg.req, msg.bookmarks)
+        elif t is wire.End:
+            sub = self._subs.get(msg.sub)
+            if sub is not None:
+                sub.inbox.put(_END)
         elif t is wire.Heartbeat:
             pass
         elif t is wire.Subscribed:
@@ -599,6 +683,12 @@ class Client:
         if not self._welcome.done():
             self._welcome.set_result(True)
         for sub in self._subs.values():
+            if isinstance(sub, Replay) and not sub.ended and not sub.closed:
+                req = next(self._reqs)
+                self._pending[req] = (Future(), None)
+                sub.settle.clear()
+                sock.send(wire.encode(sub.resume_command(req)))
+                continue
             if sub.backlog:  # it was open in an earlier session
                 req = next(self._reqs)
                 self._pending[req] = (Future(), None)

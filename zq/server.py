@@ -33,6 +33,7 @@ from zq.core.engine import Engine
 from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
+from zq.replay import Replayer
 
 log = logging.getLogger("zq.server")
 
@@ -96,6 +97,7 @@ class Server:
         self.next_retention_ms = self.started_ms + RETENTION_INTERVAL_MS
         self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
+        self.replayer = Replayer(self.journal, lambda: self.engine)
         self.frames_in = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
@@ -144,6 +146,8 @@ class Server:
             deadline = min(deadline, d)
         for _, _, due in self.claims.values():
             deadline = min(deadline, due)
+        if self.replayer.busy():
+            return 0
         return max(0, min(deadline - now, 1000))
 
     def iteration(self, poll: bool = True) -> None:
@@ -178,6 +182,7 @@ class Server:
                 self.send(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
         if self.claims:
             self.end_due_claims(now)
+        self.replayer.pump(self.send)
         if now >= self.next_heartbeat_ms:
             self.heartbeat(now)
         if now >= self.next_retention_ms:
@@ -262,6 +267,9 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
         elif t is wire.Queues:
             self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
+        elif t is wire.Replay:
+            info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
+            self.reply(peer_id, wire.Reply(cmd.req, info))  # type: ignore[attr-defined]
         elif t is wire.Claim:
             self.on_claim(peer, cmd, now)  # type: ignore[arg-type]
         elif t is wire.QueryCmd:
@@ -316,6 +324,9 @@ class Server:
                 self.send(peer_id, wire.encode(wire.Reply(req, {"count": 0})))
 
     def on_unsubscribe(self, peer: Peer, cmd: wire.Unsubscribe, now: int) -> None:
+        if self.replayer.close(self.sub_key(peer, cmd.sub)):
+            self.reply(peer.peer_id, wire.Reply(cmd.req, None))
+            return
         if cmd.sub not in peer.subs:
             raise ProtocolError(f"no subscription {cmd.sub!r} on this connection")
         peer.subs.discard(cmd.sub)
@@ -324,6 +335,8 @@ class Server:
 
     def on_settle(self, peer: Peer, cmd: wire.Ack, op: str, action, now: int) -> None:  # type: ignore[no-untyped-def]
         if cmd.sub not in peer.subs:
+            if op == "ack" and self.replayer.credit(self.sub_key(peer, cmd.sub), len(cmd.bookmarks)):
+                return  # a replay's client took these: room for more
             self.reply(peer.peer_id, wire.Refused(cmd.sub, op, cmd.bookmarks, "unknown-subscription"))
             return
         refused = action(self.sub_key(peer, cmd.sub), cmd.bookmarks, now)
@@ -406,6 +419,7 @@ class Server:
         if peer is not None:
             for sub in peer.subs:
                 self.claims.pop(self.sub_key(peer, sub), None)
+            self.replayer.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)
 
     # ----------------------------------------------------------- upkeep
@@ -437,6 +451,7 @@ class Server:
             self.send(peer_id, wire.encode(wire.Error(0, wire.RESET, "the dispatcher reset its sessions; reconnect")))
         self.peers.clear()
         self.claims.clear()
+        self.replayer.replays.clear()
         self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
 
     # ----------------------------------------------------------- views

@@ -108,6 +108,18 @@ class Claim(_Cmd, tag="claim"):
     filter: str | None = None
 
 
+class Replay(_Cmd, tag="replay"):
+    req: int
+    sub: str  # the replay's id on this connection (its DELIVER frames carry it)
+    target: str  # a topic, a queue's name (its topics), or a ^regex over topics
+    start: int = 0  # first bookmark; -1: now (only what is published from here on)
+    start_ms: int | None = None  # instead of start: the first message at or after this time
+    end: int | None = None  # stop before this bookmark
+    follow: bool = False  # keep delivering new messages once the history is read
+    filter: str | None = None
+    window: int = 1000  # delivered messages the client has not yet taken (ACK returns them)
+
+
 class QueryCmd(_Cmd, tag="query"):
     req: int
     queue: str
@@ -118,7 +130,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim
+    | QueryCmd | Claim | Replay
 )
 
 
@@ -161,6 +173,13 @@ class DeliverRecords(_Cmd, tag="deliver"):
     deliveries: list[int]
 
 
+class End(_Cmd, tag="end"):
+    """A replay without ``follow`` has delivered all ``count`` messages it will."""
+
+    sub: str
+    count: int
+
+
 class Refused(_Cmd, tag="refused"):
     """Bookmarks of an ack / cancel / expire / extend that were not applied."""
 
@@ -181,7 +200,7 @@ class Error(_Cmd, tag="error"):
     message: str
 
 
-ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat
+ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End
 
 
 client_decoder = msgspec.msgpack.Decoder(ClientCommand)

@@ -131,3 +131,39 @@ def test_dedup_by_message_id_holds_across_a_server_restart(tmp_path):
             assert st["queues"]["jobs"]["depth"] == 2 and st["duplicates"] == 1
     finally:
         server.terminate()
+
+
+def test_replay_reads_a_topic_from_the_start_a_bookmark_or_a_time_without_queue_semantics(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        bms = c.publish_many("ticks", [f"t{i}" for i in range(10)])
+        c.publish("other", b"not this topic")
+        with c.subscribe("ticks", max_backlog=100) as sub:  # a queue consumer takes them all...
+            for _ in range(10):
+                sub.get(5).ack()
+        # ...and every replay still sees every message, each with its own marker
+        assert [m.bookmark for m in c.replay("ticks")] == bms
+        assert [m.data for m in c.replay("ticks", start=bms[7])] == [b"t7", b"t8", b"t9"]
+        assert [m.data for m in c.replay("ticks", filter="@topic = 'ticks' AND NOT @topic = 'x'", end=bms[2])] == [b"t0", b"t1"]
+        import time
+
+        later = int(time.time() * 1000) + 1
+        while int(time.time() * 1000) <= later:
+            time.sleep(0.001)
+        newest = c.publish("ticks", b"fresh")
+        assert [m.bookmark for m in c.replay("ticks", since_ms=later)] == [newest]
+        assert [m.data for m in c.replay("^t.*")][-1] == b"fresh"
+
+
+def test_replay_with_follow_continues_live_and_a_small_window_still_delivers_everything(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c, zq.connect(dispatcher.inproc) as pub:
+        pub.publish_many("feed", [f"old{i}" for i in range(50)])
+        r = c.replay("feed", start=0, follow=True, window=4)
+        got = [r.get(5).data for _ in range(50)]
+        assert got == [f"old{i}".encode() for i in range(50)]
+        pub.publish_many("feed", ["new1", "new2"])
+        assert [r.get(5).data, r.get(5).data] == [b"new1", b"new2"]
+        live = c.replay("feed", start="now", follow=True)
+        pub.publish("feed", b"after-now")
+        assert live.get(5).data == b"after-now"
+        r.close()
+        live.close()

@@ -91,9 +91,26 @@ def test_client_commands_without_a_server_fail_clearly(tmp_path):
     assert run.returncode == 3 and "zq serve" in run.stderr
 
 
-def test_a_filter_is_refused_until_the_expression_language_exists(server):
-    run = zq("consume", "jobs", "--endpoint", server.endpoint, "--filter", "/qty > 1", "--count", "1")
-    assert run.returncode == 2 and "not supported yet" in run.stderr
+def test_filters_queries_claims_and_replay_from_the_command_line(server):
+    ep = ("--endpoint", server.endpoint)
+    orders = "\n".join(json.dumps({"region": r, "qty": q}) for r, q in [("eu", 5), ("us", 1), ("eu", 20)])
+    assert zq("publish", "orders", *ep, input=orders + "\n").returncode == 0
+    run = zq("query", "orders", *ep, "--group-by", "/region", "--agg", "count", "--agg", "sum(/qty)", "--json")
+    assert [json.loads(x) for x in run.stdout.splitlines()] == [
+        {"/region": "eu", "count": 2, "sum(/qty)": 25}, {"/region": "us", "count": 1, "sum(/qty)": 1}]
+    run = zq("consume", "orders", *ep, "--filter", "/qty > 1", "--count", "2", "--timeout", "5")
+    assert [json.loads(json.loads(x)["data"])["qty"] for x in run.stdout.splitlines()] == [5, 20]
+    run = zq("consume", "orders", *ep, "--filter", "/qty >", "--count", "1")
+    assert run.returncode == 2 and "position" in run.stderr
+    run = zq("claim", "orders", *ep, "--limit", "5")
+    assert run.returncode == 0 and [json.loads(json.loads(x)["data"])["qty"] for x in run.stdout.splitlines()] == [1]
+    assert zq("claim", "orders", *ep, "--wait", "0.2").returncode == 1  # nothing left
+    run = zq("replay", "orders", *ep, "--from", "0")
+    assert len(run.stdout.splitlines()) == 3  # the journal still has all three
+    first = json.loads(run.stdout.splitlines()[0])["bookmark"]
+    run = zq("replay", "orders", *ep, "--from", str(first + 1), "--filter", "/region = 'eu'")
+    assert [json.loads(json.loads(x)["data"])["qty"] for x in run.stdout.splitlines()] == [20]
+    assert len(zq("replay", "orders", *ep, "--from", "1h").stdout.splitlines()) == 3
 
 
 def test_serve_with_a_bad_config_names_the_key_and_exits(tmp_path):

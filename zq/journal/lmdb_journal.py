@@ -259,6 +259,39 @@ class LmdbJournal:
             if finished:
                 return
 
+    def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
+        """Up to ``max_records`` stored messages from ``from_seq`` on, undecoded (one short txn)."""
+        out: list[tuple[int, bytes]] = []
+        with self.env.begin(db=self.msgs) as txn, txn.cursor() as cur:
+            if not cur.set_range(key(from_seq)):
+                return out
+            for k, v in cur.iternext():
+                out.append((unkey(k), v))
+                if len(out) >= max_records:
+                    break
+        return out
+
+    def seq_at_time(self, ts_ms: int) -> int:
+        """The first message bookmark published at or after ``ts_ms`` (binary search)."""
+        with self.env.begin(db=self.msgs) as txn, txn.cursor() as cur:
+            if not cur.last():
+                return 0
+            hi = unkey(cur.key()) + 1
+            if not cur.first():
+                return 0
+            lo = unkey(cur.key())
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if not cur.set_range(key(mid)):
+                    hi = mid
+                    continue
+                seq = unkey(cur.key())
+                if R.message_decoder.decode(cur.value()).ts_ms >= ts_ms:
+                    hi = mid
+                else:
+                    lo = seq + 1
+            return lo
+
     def declared(self) -> list[R.QueueDeclared]:
         with self.env.begin(db=self.queues) as txn:
             return [R.record_decoder.decode(v) for _, v in txn.cursor()]  # type: ignore[misc]

@@ -73,6 +73,16 @@ class MemoryJournal:
         """The engine's content port: a committed message, dead letters resolved."""
         return self.by_seq.get(seq)
 
+    def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
+        i = bisect_left(self.message_seqs, from_seq)
+        return [(m.seq, R.record_encoder.encode(m)) for m in self.messages[i : i + max_records]]
+
+    def seq_at_time(self, ts_ms: int) -> int:
+        for m in self.messages:
+            if m.ts_ms >= ts_ms:
+                return m.seq
+        return self.next_seq()
+
     def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None:
         """The dedup port: the first journaled publish of ``msg_id`` on ``topic``."""
         return self.ids.get((topic, msg_id))
