@@ -76,6 +76,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     allow_ack_unleased: bool = False
     filter: str | None = None
     dedup_window: str = "24h"
+    leasing: str = "strict"
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -167,6 +168,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         allow_ack_unleased=q.allow_ack_unleased,
         filter=q.filter,
         dedup_window_ms=duration_ms(q.dedup_window, f"{where}.dedup_window"),
+        leasing=q.leasing,
     )
     try:
         return settings.validate()

@@ -58,7 +58,7 @@ def test_an_unknown_queue_without_auto_queues_is_an_error(tmp_path):
     with zq.Dispatcher(cfg) as d, zq.connect(d.inproc) as c:
         with pytest.raises(zq.UnknownQueueError):
             c.subscribe("nope")
-        with pytest.raises(zq.NotSupportedError):
+        with pytest.raises(zq.UnknownQueueError):
             c.subscribe("nope", filter="a = 1")
 
 

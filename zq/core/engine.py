@@ -31,6 +31,7 @@ import msgspec
 from zq.core import expr, limits
 from zq.core import records as R
 from zq.core.errors import LimitError, NotSupportedError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
+from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
 from zq.core.settings import QueueSettings, auto_queue
@@ -54,7 +55,7 @@ class Output(msgspec.Struct, gc=False):
     deliveries: list[Deliver]
 
 
-class Engine:
+class Engine(ManagementMixin):
     """All queue semantics of one dispatcher; see the module docstring."""
 
     def __init__(
@@ -335,10 +336,7 @@ class Engine:
                 self.step_indexed = len(self.records)
                 m = self.step_messages.get(seq)
             if m is not None and m.copy_of is not None:
-                original = self.message(m.copy_of)
-                if original is not None:
-                    m = R.Message(m.seq, m.ts_ms, m.topic, {**original.headers, **m.headers, "zq.topic": original.topic},
-                                  original.payload, original.msg_id)
+                m = R.resolve_copy(m, self.message(m.copy_of))
         self.last_content = (seq, m)
         return m
 

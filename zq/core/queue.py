@@ -910,6 +910,16 @@ class Queue:
             if seq not in removed:
                 yield seq
 
+    def waiting_of_group(self, gid: int) -> list[int]:
+        """The waiting messages of one group, oldest first."""
+        out = [s for s, g in zip(self.fifo[self.head:], self.fifo_gid[self.head:]) if g == gid] if self.grouped else []
+        grp = self.groups.get(gid)
+        if grp is not None:
+            out += grp.pending[grp.phead:]
+        gone = self.skip_gone
+        out += [s for s, g in zip(self.skipped, self.skipped_gid) if g == gid and s not in gone]
+        return sorted(s for s in out if s not in self.removed)
+
     def oldest_waiting_ungrouped(self) -> int | None:
         """Oldest waiting message outside group pending lists (for expiry timers)."""
         best = self.fifo[self.head] if self.head < len(self.fifo) else None

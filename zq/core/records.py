@@ -65,6 +65,13 @@ class QueueDeclared(msgspec.Struct, array_like=True, gc=False, tag="q"):
     ts_ms: int
 
 
+class QueueDeleted(msgspec.Struct, array_like=True, gc=False, tag="x"):
+    """A run-time queue was deleted: its declaration leaves the journal."""
+
+    queue: str
+    ts_ms: int
+
+
 class RecoveryPoint(msgspec.Struct, array_like=True, gc=False, tag="r"):
     """Everything of ``queue`` below ``seq`` is finished (acked, expired or not its topic)."""
 
@@ -73,7 +80,18 @@ class RecoveryPoint(msgspec.Struct, array_like=True, gc=False, tag="r"):
     ts_ms: int
 
 
-Record = Message | Event | QueueDeclared | RecoveryPoint
+def resolve_copy(rec: Message, original: Message | None) -> Message:
+    """A dead letter carries its original's payload and headers plus zq.* headers."""
+    if original is None:
+        return Message(rec.seq, rec.ts_ms, rec.topic, {**rec.headers, "zq.missing": "original-trimmed"}, b"")
+    if not rec.headers:  # a plain copy (redrive): the original as it was published
+        headers = {k: v for k, v in original.headers.items() if not k.startswith("zq.")}
+        return Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)
+    headers = {**original.headers, **rec.headers, "zq.topic": original.headers.get("zq.topic", original.topic)}
+    return Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)
+
+
+Record = Message | Event | QueueDeclared | RecoveryPoint | QueueDeleted
 
 record_encoder = msgspec.msgpack.Encoder()
 record_decoder = msgspec.msgpack.Decoder(Record)

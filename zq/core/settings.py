@@ -35,6 +35,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
     start_seq: int = 0  # journal position the queue starts from when first declared
     filter: str | None = None  # expression: which messages of the topics enter the queue
+    leasing: str = "strict"  # "shared": ack-by-filter may also take leased messages
     dedup_window_ms: int = 86_400_000  # a message id seen this recently on the topic enqueues nothing (0: off)
 
     def effective_fairness(self) -> str:
@@ -63,6 +64,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         for key in ("max_cancels", "max_deliveries"):
             if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
+        if self.leasing not in ("strict", "shared"):
+            raise ConfigError(f"{where}: leasing must be 'strict' or 'shared', got {self.leasing!r}")
         if self.dedup_window_ms < 0:
             raise ConfigError(f"{where}: dedup_window must not be negative")
         if self.expiration_ms < 0:

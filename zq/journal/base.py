@@ -8,6 +8,7 @@ from typing import Protocol
 import msgspec
 
 from zq.core import records as R
+from zq.core.records import resolve_copy  # noqa: F401 (journals import it from here)
 from zq.core.engine import Engine
 from zq.core.settings import QueueSettings
 
@@ -55,11 +56,3 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
 
 def declared_name(d: R.QueueDeclared) -> str:
     return msgspec.json.decode(d.settings_json, type=QueueSettings).name
-
-
-def resolve_copy(rec: R.Message, original: R.Message | None) -> R.Message:
-    """A dead letter carries its original's payload and headers plus zq.* headers."""
-    if original is None:
-        return R.Message(rec.seq, rec.ts_ms, rec.topic, {**rec.headers, "zq.missing": "original-trimmed"}, b"")
-    headers = {**original.headers, **rec.headers, "zq.topic": original.topic}
-    return R.Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)

@@ -177,6 +177,8 @@ class LmdbJournal:
                 elif type(rec) is R.QueueDeclared:
                     name = declared_name(rec)
                     txn.put(name.encode(), enc(rec), db=self.queues)
+                elif type(rec) is R.QueueDeleted:
+                    txn.delete(rec.queue.encode(), db=self.queues)
                 else:
                     raise AssertionError(f"unknown record {rec!r}")
             if msgs:

@@ -45,6 +45,8 @@ class MemoryJournal:
                 self.event_seqs.append(rec.seq)
             elif isinstance(rec, R.QueueDeclared):
                 self.queues[declared_name(rec)] = rec
+            elif isinstance(rec, R.QueueDeleted):
+                self.queues.pop(rec.queue, None)
             elif isinstance(rec, R.RecoveryPoint):
                 self.rps[rec.queue] = rec.seq
             else:

@@ -1,0 +1,130 @@
+"""Operator actions in the engine: replace, ack by filter, purge, move, redrive,
+groups, run-time queues; each journaled so recovery agrees."""
+
+import pytest
+
+from zq.core import QueueSettings
+from zq.core import records as R
+from zq.core.errors import ConfigError, ProtocolError
+from zq.journal.base import recover_engine
+from zq.journal.memory_journal import MemoryJournal
+
+from .helpers import Harness
+
+
+def test_replace_changes_filter_and_backlog_without_breaking_leases():
+    h = Harness()
+    red = h.pub("jobs", 2, color="red")
+    blue = h.pub("jobs", 2, color="blue")
+    h.sub("s", "jobs", backlog=1, filter="color = 'red'")
+    assert h.drain() == {"s": red[:1]}
+    assert h.engine.replace("s", "jobs", 10, "color = 'blue'", h.now) == 10
+    assert h.drain() == {"s": blue}  # the lease on red[0] is untouched
+    assert h.engine.ack("s", red[:1], h.now) == []
+    h.engine.replace("s", "jobs", 10, None, h.now)
+    assert h.drain() == {"s": red[1:]}
+
+
+def test_replace_moves_to_another_queue_only_when_holding_nothing():
+    h = Harness()
+    a = h.pub("a")
+    b = h.pub("b")
+    h.sub("s", "a")
+    assert h.drain() == {"s": a}
+    with pytest.raises(ProtocolError, match="holding 1"):
+        h.engine.replace("s", "b", 1, None, h.now)
+    h.engine.ack("s", a, h.now)
+    h.engine.replace("s", "b", 1, None, h.now)
+    assert h.drain() == {"s": b}
+
+
+def test_ack_by_filter_takes_available_messages_and_leased_ones_only_when_shared():
+    h = Harness(QueueSettings(name="strict"), QueueSettings(name="shared", leasing="shared"))
+    for q in ("strict", "shared"):
+        h.pub(q, 3, kind="stale")
+        h.sub(f"w-{q}", q)
+    got = h.drain()
+    assert h.engine.ack_filter("strict", "kind = 'stale'", "admin", h.now) == 2
+    assert h.engine.ack_filter("shared", "kind = 'stale'", "admin", h.now) == 3
+    assert h.engine.ack("w-shared", got["w-shared"], h.now) == got["w-shared"]  # the holder's ack is refused now
+    assert h.engine.queues["strict"].depth == 0 and len(h.engine.queues["strict"].lease_of) == 1
+
+
+def test_purge_all_a_group_or_a_filter_leaves_leased_messages_alone():
+    h = Harness()
+    g1 = h.pub("jobs", 2, group="g1")
+    g2 = h.pub("jobs", 2, group="g2", size="big")
+    h.sub("w", "jobs")
+    assert h.drain() == {"w": g1[:1]}
+    assert h.engine.purge("jobs", h.now, group="g1") == 1
+    assert h.engine.purge("jobs", h.now, filter="size = 'big'") == 2
+    h.drain()
+    assert sorted(b for e in h.events(R.EXPIRED) if e.reason == "purged" for b in e.bookmarks) == g1[1:] + g2
+    assert h.engine.peek("jobs", 10) == [] and list(h.engine.queues["jobs"].lease_of) == g1[:1]
+
+
+def test_move_republishes_elsewhere_and_redrive_returns_dead_letters_with_their_id():
+    journal = MemoryJournal()
+    from zq.core.engine import Engine
+
+    e = Engine([QueueSettings(name="jobs", max_cancels=1, dead_letter="jobs.dead")],
+               content=journal.get_message, find_id=journal.find_id)
+
+    def step():
+        journal.append(e.drain(0).records)
+        journal.commit(0)
+
+    seq = e.publish("jobs", b"payload", {"k": "v"}, 0, msg_id="id-1")
+    e.subscribe("w", "jobs", "w", 1, 0)
+    step()
+    e.cancel("w", [seq], 0)
+    step()
+    e.unsubscribe("w", 0)
+    assert e.queues["jobs.dead"].depth == 1
+    assert e.redrive("jobs.dead", 0) == 1
+    step()
+    back = [s for s, _ in e.peek("jobs", 10)]
+    assert len(back) == 1 and back[0] != seq
+    m = journal.get_message(back[0])
+    assert (m.topic, m.payload, m.headers, m.msg_id) == ("jobs", b"payload", {"k": "v"}, "id-1")
+    assert e.move("jobs", "elsewhere", 0) == 1
+    step()
+    moved = [s for s, _ in e.peek("elsewhere", 10)]
+    assert journal.get_message(moved[0]).headers["zq.reason"] == "moved"
+    again = recover_engine(journal, [QueueSettings(name="jobs", max_cancels=1, dead_letter="jobs.dead")])
+    assert again.peek("jobs", 10) == [] and [s for s, _ in again.peek("elsewhere", 10)] == moved
+
+
+def test_groups_list_pending_and_in_flight():
+    h = Harness()
+    h.pub("jobs", 3, group="a")
+    h.pub("jobs", 1, group="b")
+    h.sub("w", "jobs", backlog=5)
+    h.drain()
+    assert h.engine.group_list("jobs") == [
+        {"group": "a", "pending": 2, "in_flight": 1, "owner": None},
+        {"group": "b", "pending": 0, "in_flight": 1, "owner": None},
+    ]
+
+
+def test_run_time_queues_survive_restart_config_wins_and_delete_is_journaled():
+    journal = MemoryJournal()
+    config = [QueueSettings(name="fixed")]
+    e = recover_engine(journal, config)
+    configured = {"fixed"}.__contains__
+    e.declare_queue(QueueSettings(name="rt", topics="rt.*", lease_ms=5000), configured)
+    with pytest.raises(ConfigError, match="config file"):
+        e.declare_queue(QueueSettings(name="fixed"), configured)
+    with pytest.raises(ProtocolError, match="already exists"):
+        e.declare_queue(QueueSettings(name="rt"), configured)
+    e.publish("rt.a", b"x", {}, 0)
+    journal.append(e.drain(0).records)
+    journal.commit(0)
+    again = recover_engine(journal, config)
+    assert again.queues["rt"].settings.lease_ms == 5000 and again.queues["rt"].depth == 1
+    with pytest.raises(ConfigError):
+        again.delete_queue("fixed", configured, 0)
+    assert again.delete_queue("rt", configured, 0) == 1
+    journal.append(again.drain(0).records)
+    journal.commit(0)
+    assert "rt" not in recover_engine(journal, config, auto_queues=False).queues

@@ -1,0 +1,217 @@
+"""Operator actions on queues: replace a subscription, ack / purge / move / redrive by
+filter, list groups, declare and delete queues at run time.
+
+They live apart from the dispatch path (``engine.py``) because they are rare,
+operator-driven and may touch many messages; each one is bounded by
+``limits.VIEW_SCAN_MAX`` messages and journals what it removed as events, so
+recovery agrees with what the operator saw.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from zq.core import expr, limits
+from zq.core import records as R
+from zq.core.errors import ConfigError, ProtocolError, UnknownQueueError
+from zq.core.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zq.core.queue import Queue
+
+REASON_PURGED = "purged"
+REASON_MOVED = "moved"
+REASON_REDRIVEN = "redriven"
+
+
+class ManagementMixin:
+    """Engine methods for operators; see the module docstring."""
+
+    # Provided by Engine:
+    queues: dict[str, Queue]
+    records: list[Any]
+    now_ms: int
+
+    # ------------------------------------------------------- subscriptions
+
+    def replace(self, sub_id: str, queue: str, max_backlog: int, filter: str | None, now_ms: int) -> int:
+        """Change a subscription's filter and backlog in place; leases stay as they are.
+
+        The backlog is recomputed as on subscribe. Moving to another queue is allowed
+        only while the subscription holds nothing (its leases belong to the old queue).
+        """
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        sub = self.sub(sub_id)  # type: ignore[attr-defined]
+        if max_backlog < 1:
+            raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
+        match = self.matcher(expr.compile_filter(filter)) if filter else None  # type: ignore[attr-defined]
+        if queue != sub.queue.name:
+            if sub.used:
+                raise ProtocolError(f"cannot move a subscription holding {sub.used} messages to another queue; "
+                                    "settle them first")
+            consumer = sub.consumer
+            self.unsubscribe(sub_id, now_ms)  # type: ignore[attr-defined]
+            return self.subscribe(sub_id, queue, consumer, max_backlog, now_ms, filter=filter)  # type: ignore[attr-defined]
+        q = sub.queue
+        if (match is None) != (sub.match is None):
+            q.filtered += 1 if match is not None else -1
+        sub.match, sub.filter_text = match, filter or None
+        sub.skip_gen = -1  # the new filter judges every set-aside message afresh
+        sub.backlog = min(q.settings.max_per_subscription_backlog, max_backlog)
+        q.credit_opened(sub)
+        return sub.backlog
+
+    # ------------------------------------------------------------ selection
+
+    def select(self, q: Queue, filter: str | None, group: str | None = None, leased: bool = False) -> list[int]:
+        """Waiting (and with ``leased``, leased) messages of ``q`` matching, oldest first."""
+        match = self.matcher(expr.compile_filter(filter)) if filter else None  # type: ignore[attr-defined]
+        if group is not None:
+            gid = q.gid_of.get(group)
+            if gid is None:
+                return []
+            seqs = q.waiting_of_group(gid)
+        else:
+            seqs = list(q.waiting())
+        if leased:
+            seqs = sorted(seqs + list(q.lease_of))
+        out = []
+        for seq in seqs[: limits.VIEW_SCAN_MAX]:
+            if match is None or match(seq):
+                out.append(seq)
+        return out
+
+    def take_out(self, q: Queue, seqs: list[int], kind: str, consumer: str, reason: str = "") -> list[int]:
+        """Remove ``seqs`` from ``q`` now, journaling ``kind`` (acked / expired) for each."""
+        done = []
+        for seq in seqs:
+            lease = q.lease_of.get(seq)
+            if lease is not None:
+                _, m = q.release(seq)
+                q.finish(seq, m >> 32)
+                q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
+            elif q.remove_available(seq):
+                q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
+            else:
+                continue
+            done.append(seq)
+        if kind == R.ACKED:
+            q.acked += len(done)
+        else:
+            q.expired += len(done)
+        q.dirty = True
+        return done
+
+    def ack_filter(self, queue: str, filter: str, consumer: str, now_ms: int) -> int:
+        """Acknowledge every available message matching ``filter`` (and leased ones when
+        the queue's ``leasing`` is ``"shared"``: their holders' acks are then refused)."""
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        q = self.queue(queue)  # type: ignore[attr-defined]
+        seqs = self.select(q, filter, leased=q.settings.leasing == "shared")
+        return len(self.take_out(q, seqs, R.ACKED, consumer))
+
+    def purge(self, queue: str, now_ms: int, *, filter: str | None = None, group: str | None = None) -> int:
+        """Delete available messages (all, a group's, or a filter's matches); leased ones stay."""
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        q = self.queue(queue)  # type: ignore[attr-defined]
+        seqs = self.select(q, filter, group)
+        return len(self.take_out(q, seqs, R.EXPIRED, "", REASON_PURGED))
+
+    def move(self, queue: str, target_topic: str, now_ms: int, *, filter: str | None = None,
+             group: str | None = None) -> int:
+        """Publish copies of available messages to ``target_topic``, then remove them here."""
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        q = self.queue(queue)  # type: ignore[attr-defined]
+        if not target_topic or target_topic == queue and q.covers(target_topic):
+            raise ProtocolError("move needs a different target topic")
+        seqs = self.take_out(q, self.select(q, filter, group), R.EXPIRED, "", REASON_MOVED)
+        for seq in seqs:
+            headers = {"zq.reason": REASON_MOVED, "zq.queue": q.name, "zq.bookmark": str(seq)}
+            self.publish_copy(target_topic, seq, headers)
+        return len(seqs)
+
+    def redrive(self, queue: str, now_ms: int, *, filter: str | None = None) -> int:
+        """Dead letters of ``queue`` back to the topic they came from, with their original
+        headers and message id (no dedup: the id is the same on purpose)."""
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        q = self.queue(queue)  # type: ignore[attr-defined]
+        plan = []
+        for seq in self.select(q, filter):
+            m = self.message(seq)  # type: ignore[attr-defined]
+            topic = m.headers.get("zq.topic") if m is not None else None
+            if topic:
+                plan.append((seq, topic))
+        taken = set(self.take_out(q, [s for s, _ in plan], R.EXPIRED, "", REASON_REDRIVEN))
+        for seq, topic in plan:
+            if seq in taken:
+                self.publish_copy(topic, seq, {})
+        return len(taken)
+
+    def publish_copy(self, topic: str, source_seq: int, headers: dict[str, str]) -> int:
+        """Journal a copy of ``source_seq`` on ``topic`` and enqueue it where it belongs.
+
+        ``headers`` are added to the source's; with none, zq's own ``zq.*`` headers are
+        dropped (``resolve_copy``), which is what redrive wants.
+        """
+        queues = self.route_or_create(topic)  # type: ignore[attr-defined]  # (a new queue starts before the copy)
+        new_seq = self.take_seq()  # type: ignore[attr-defined]
+        self.records.append(R.Message(new_seq, self.now_ms, topic, headers, b"", None, copy_of=source_seq))
+        self.note_time(self.now_ms, new_seq)  # type: ignore[attr-defined]
+        content = self.message(new_seq)  # type: ignore[attr-defined]
+        for dq in queues:
+            if dq.filter is not None and (content is None or not dq.filter(content.headers, content.payload, topic)):
+                continue
+            gid = 0
+            if dq.grouped and content is not None:
+                name = content.headers.get(dq.settings.group_header)
+                if name is not None and dq.can_take_group(name):
+                    gid = dq.group_id(name)
+            dq.enqueue(new_seq, gid)
+        return new_seq
+
+    # --------------------------------------------------------------- groups
+
+    def group_list(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """Groups of a queue with their pending and in-flight counts (busiest first)."""
+        q = self.queue(queue)  # type: ignore[attr-defined]
+        rows = []
+        for i, g in enumerate(q.groups.values()):
+            if i >= limits.VIEW_SCAN_MAX:
+                break
+            rows.append({"group": g.name, "pending": g.count - g.inflight, "in_flight": g.inflight,
+                         "owner": g.owner.consumer if g.owner is not None else None})
+        rows.sort(key=lambda r: (-r["pending"] - r["in_flight"], r["group"]))
+        return rows[: max(0, limit)]
+
+    # --------------------------------------------------------------- queues
+
+    def declare_queue(self, settings: QueueSettings, configured: Callable[[str], bool]) -> None:
+        """Create a queue at run time; it is journaled and comes back after a restart."""
+        settings = settings.validate()
+        if configured(settings.name):
+            raise ConfigError(f"queue {settings.name!r} is defined in the config file, which wins; change it there")
+        if settings.name in self.queues:
+            raise ProtocolError(f"queue {settings.name!r} already exists")
+        settings = msgspec.structs.replace(settings, start_seq=self.next_seq)  # type: ignore[attr-defined]
+        self.add_queue(settings)  # type: ignore[attr-defined]
+
+    def delete_queue(self, name: str, configured: Callable[[str], bool], now_ms: int) -> int:
+        """Delete a run-time queue; its subscriptions end. Returns the messages it held."""
+        self.set_time(now_ms)  # type: ignore[attr-defined]
+        if name not in self.queues:
+            raise UnknownQueueError(f"no queue named {name!r}")
+        if configured(name):
+            raise ConfigError(f"queue {name!r} is defined in the config file; remove it there")
+        q = self.queues[name]
+        for sub in list(q.subs):
+            self.unsubscribe(sub.sub_id, now_ms)  # type: ignore[attr-defined]
+        held = q.depth
+        del self.queues[name]
+        self.route_cache.clear()  # type: ignore[attr-defined]
+        self.rp_written.pop(name, None)  # type: ignore[attr-defined]
+        self.records.append(R.QueueDeleted(name, now_ms))
+        return held
