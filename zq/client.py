@@ -224,6 +224,20 @@ class Subscription:
         self.settle.append((op, msg.bookmark, msg._generation))
         self.client._wake()
 
+    def replace(self, *, filter: str | None | type = ..., max_backlog: int | None = None, queue: str | None = None) -> int:
+        """Change this subscription's filter, backlog or queue at once, keeping its leases.
+
+        Returns the backlog granted (recomputed as on subscribe). ``filter=None``
+        removes the filter; leaving it out keeps the current one.
+        """
+        new_filter = self.filter if filter is ... else filter
+        new_backlog = max_backlog or self.max_backlog
+        new_queue = queue or self.queue
+        self.backlog = self.client.admin("replace", sub=self.sub_id, queue=new_queue, max_backlog=new_backlog,
+                                         filter=new_filter)
+        self.filter, self.max_backlog, self.queue = new_filter, new_backlog, new_queue  # type: ignore[assignment]
+        return self.backlog
+
     def _extend(self, msg: Message, ms: int) -> None:
         self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
 
@@ -474,6 +488,41 @@ class Client:
             self._subs.pop(sub_id, None)
             raise
         return sub
+
+    # ------------------------------------------------------- operators
+
+    def admin(self, op: str, timeout: float = 30.0, **args: object) -> object:
+        """Run an operator action (see ``zq.admin.OPERATIONS``); the methods below wrap it."""
+        return self._request(lambda req: wire.Admin(req, op, args), timeout=timeout)
+
+    def ack_filter(self, queue: str, filter: str) -> int:
+        """Acknowledge every available message matching ``filter`` (leased ones too when
+        the queue's ``leasing`` is ``shared``). Returns how many."""
+        return self.admin("ack-filter", queue=queue, filter=filter)  # type: ignore[return-value]
+
+    def purge(self, queue: str, *, filter: str | None = None, group: str | None = None) -> int:
+        """Delete available messages: all, one group's, or a filter's matches."""
+        return self.admin("purge", queue=queue, filter=filter, group=group)  # type: ignore[return-value]
+
+    def move(self, queue: str, to: str, *, filter: str | None = None, group: str | None = None) -> int:
+        """Republish available messages to topic ``to`` and remove them from ``queue``."""
+        return self.admin("move", queue=queue, to=to, filter=filter, group=group)  # type: ignore[return-value]
+
+    def redrive(self, queue: str, *, filter: str | None = None) -> int:
+        """Send dead letters back to the topic they came from, with their id and headers."""
+        return self.admin("redrive", queue=queue, filter=filter)  # type: ignore[return-value]
+
+    def groups(self, queue: str, limit: int = 1000) -> list[dict]:
+        """Groups of a queue with pending and in-flight counts, busiest first."""
+        return self.admin("groups", queue=queue, limit=limit)  # type: ignore[return-value]
+
+    def create_queue(self, name: str, **settings: object) -> dict:
+        """Declare a queue at run time (settings as in zq.toml: ``lease="5s"``...)."""
+        return self.admin("queue-create", name=name, **settings)  # type: ignore[return-value]
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a run-time queue and what it holds; returns how many messages it held."""
+        return self.admin("queue-delete", name=name)  # type: ignore[return-value]
 
     def stats(self, timeout: float = 10.0) -> dict:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)

@@ -33,6 +33,7 @@ from zq.core.engine import Engine
 from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
+from zq import admin
 from zq.replay import Replayer
 
 log = logging.getLogger("zq.server")
@@ -267,6 +268,9 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
         elif t is wire.Queues:
             self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
+        elif t is wire.Admin:
+            result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
+            self.reply(peer_id, wire.Reply(cmd.req, result))  # type: ignore[attr-defined]
         elif t is wire.Replay:
             info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
             self.reply(peer_id, wire.Reply(cmd.req, info))  # type: ignore[attr-defined]
@@ -350,6 +354,10 @@ class Server:
         refused = self.engine.extend(self.sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
         if refused:
             self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
+
+    def configured_queue(self, name: str) -> bool:
+        """Is ``name`` a queue of the config file (which wins over run-time ones)?"""
+        return any(q.name == name for q in self.config.queues)
 
     @staticmethod
     def sub_key(peer: Peer, sub: str) -> str:

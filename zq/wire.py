@@ -120,6 +120,15 @@ class Replay(_Cmd, tag="replay"):
     window: int = 1000  # delivered messages the client has not yet taken (ACK returns them)
 
 
+class Admin(_Cmd, tag="admin"):
+    """An operator action (``zq.admin.OPERATIONS``): replace, ack-filter, purge, move,
+    redrive, groups, queue-create, queue-delete."""
+
+    req: int
+    op: str
+    args: dict[str, Any] = {}
+
+
 class QueryCmd(_Cmd, tag="query"):
     req: int
     queue: str
@@ -130,7 +139,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim | Replay
+    | QueryCmd | Claim | Replay | Admin
 )
 
 

@@ -167,3 +167,43 @@ def test_replay_with_follow_continues_live_and_a_small_window_still_delivers_eve
         assert live.get(5).data == b"after-now"
         r.close()
         live.close()
+
+
+def test_replace_a_subscription_over_the_wire_keeps_its_leases(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        bms = orders(c, ROWS)
+        with c.subscribe("orders", max_backlog=1, filter="region = 'us'") as sub:
+            held = sub.get(5)
+            assert held.bookmark == bms[1]
+            assert sub.replace(filter="region = 'eu'", max_backlog=5) == 5
+            assert [sub.get(5).bookmark for _ in range(2)] == [bms[0], bms[2]]
+            held.ack()  # the lease taken before the replace is still good
+            wait_until(lambda: c.stats()["queues"]["orders"]["acked"] == 1, what="the old lease's ack")
+            assert c.stats()["queues"]["orders"]["consumers"][0]["backlog"] == 5
+
+
+def test_operators_ack_purge_move_and_redrive_over_the_wire(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        c.create_queue("work", lease="5s", max_cancels=1, dead_letter="work.dead", group_header="customer")
+        with pytest.raises(ZqError, match="already exists"):
+            c.create_queue("work")
+        for i in range(6):
+            c.publish("work", json.dumps({"n": i}), headers={"customer": f"c{i % 2}", "kind": "x" if i < 2 else "y"},
+                      msg_id=f"m{i}")
+        assert c.groups("work") == [{"group": "c0", "pending": 3, "in_flight": 0, "owner": None},
+                                    {"group": "c1", "pending": 3, "in_flight": 0, "owner": None}]
+        assert c.ack_filter("work", "kind = 'x'") == 2
+        assert c.purge("work", group="c0", filter="/n = 2") == 1
+        assert c.move("work", "archive", filter="/n = 5") == 1
+        assert [json.loads(m["payload"]) for m in c.peek("archive")] == [{"n": 5}]
+        with c.subscribe("work", max_backlog=5) as sub:
+            m = sub.get(5)
+            m.cancel()  # max_cancels=1: straight to the dead letters
+            wait_until(lambda: c.stats()["queues"].get("work.dead", {}).get("depth") == 1, what="a dead letter")
+        assert c.redrive("work.dead") == 1
+        back = c.peek("work", filter="/n = 3")
+        assert len(back) == 1 and back[0]["headers"] == {"customer": "c1", "kind": "y"}
+        assert c.delete_queue("work") == 2
+        assert "work" not in c.stats()["queues"]
+        with pytest.raises(ZqError, match="unknown admin operation"):
+            c.admin("explode")

@@ -128,3 +128,15 @@ def test_run_time_queues_survive_restart_config_wins_and_delete_is_journaled():
     journal.append(again.drain(0).records)
     journal.commit(0)
     assert "rt" not in recover_engine(journal, config, auto_queues=False).queues
+
+
+def test_a_run_time_queue_shadowed_by_the_config_is_reported_and_the_config_wins(caplog):
+    journal = MemoryJournal()
+    e = recover_engine(journal, [])
+    e.declare_queue(QueueSettings(name="jobs", lease_ms=1000), lambda name: False)
+    journal.append(e.drain(0).records)
+    journal.commit(0)
+    with caplog.at_level("WARNING", logger="zq.journal"):
+        again = recover_engine(journal, [QueueSettings(name="jobs", lease_ms=9000)])
+    assert again.queues["jobs"].settings.lease_ms == 9000
+    assert "config wins" in caplog.text

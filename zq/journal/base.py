@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import msgspec
 
 from zq.core import records as R
-from zq.core.records import resolve_copy  # noqa: F401 (journals import it from here)
 from zq.core.engine import Engine
+from zq.core.records import resolve_copy  # noqa: F401 (journals import it from here)
 from zq.core.settings import QueueSettings
+
+log = logging.getLogger("zq.journal")
 
 
 class RecoveryInput(Protocol):
@@ -36,8 +39,12 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
     declared = journal.declared()
     rps = journal.recovery_points()
     names = {q.name for q in queues}
+    configured = set(names)
     for d in declared:
-        names.add(declared_name(d))
+        name = declared_name(d)
+        if name in configured:
+            log.warning("queue %r was declared at run time and is also in the config: the config wins", name)
+        names.add(name)
     starts = [rps.get(name, 0) for name in names]
     # A queue with no recovery point yet has to be read from the start.
     start = min(starts, default=journal.next_seq())

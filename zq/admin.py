@@ -1,0 +1,118 @@
+"""Operator commands over the wire (ADMIN frames): one function per operation.
+
+Each operation's arguments are a msgspec Struct, so a malformed request gets an
+error naming the field; the work itself is the engine's (``zq.core.manage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from zq.config import QueueSection, queue_settings
+from zq.core.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from zq.server import Peer, Server
+
+
+class Args(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class ReplaceArgs(Args):
+    sub: str
+    queue: str
+    max_backlog: int = 1
+    filter: str | None = None
+
+
+class QueueArgs(Args):
+    queue: str
+    filter: str | None = None
+    group: str | None = None
+
+
+class AckFilterArgs(Args):
+    queue: str
+    filter: str
+
+
+class MoveArgs(Args):
+    queue: str
+    to: str
+    filter: str | None = None
+    group: str | None = None
+
+
+class GroupsArgs(Args):
+    queue: str
+    limit: int = 1000
+
+
+class QueueDeleteArgs(Args):
+    name: str
+
+
+def replace(server: Server, peer: Peer, a: ReplaceArgs, now: int) -> Any:
+    if a.sub not in peer.subs:
+        raise ProtocolError(f"no subscription {a.sub!r} on this connection")
+    return server.engine.replace(server.sub_key(peer, a.sub), a.queue, a.max_backlog, a.filter, now)
+
+
+def ack_filter(server: Server, peer: Peer, a: AckFilterArgs, now: int) -> Any:
+    return server.engine.ack_filter(a.queue, a.filter, peer.consumer, now)
+
+
+def purge(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
+    return server.engine.purge(a.queue, now, filter=a.filter, group=a.group)
+
+
+def move(server: Server, peer: Peer, a: MoveArgs, now: int) -> Any:
+    return server.engine.move(a.queue, a.to, now, filter=a.filter, group=a.group)
+
+
+def redrive(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
+    if a.group is not None:
+        raise ProtocolError("redrive takes a filter, not a group")
+    return server.engine.redrive(a.queue, now, filter=a.filter)
+
+
+def groups(server: Server, peer: Peer, a: GroupsArgs, now: int) -> Any:
+    return server.engine.group_list(a.queue, a.limit)
+
+
+def queue_create(server: Server, peer: Peer, a: QueueSection, now: int) -> Any:
+    settings = queue_settings(a, f"queue {a.name!r}")
+    server.engine.declare_queue(settings, server.configured_queue)
+    return msgspec.to_builtins(server.engine.queues[a.name].settings)
+
+
+def queue_delete(server: Server, peer: Peer, a: QueueDeleteArgs, now: int) -> Any:
+    return server.engine.delete_queue(a.name, server.configured_queue, now)
+
+
+OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
+    "replace": (ReplaceArgs, replace),
+    "ack-filter": (AckFilterArgs, ack_filter),
+    "purge": (QueueArgs, purge),
+    "move": (MoveArgs, move),
+    "redrive": (QueueArgs, redrive),
+    "groups": (GroupsArgs, groups),
+    "queue-create": (QueueSection, queue_create),
+    "queue-delete": (QueueDeleteArgs, queue_delete),
+}
+
+
+def run(server: Server, peer: Peer, op: str, args: dict, now: int) -> Any:
+    spec = OPERATIONS.get(op)
+    if spec is None:
+        raise ProtocolError(f"unknown admin operation {op!r} (known: {', '.join(sorted(OPERATIONS))})")
+    kind, fn = spec
+    try:
+        parsed = msgspec.convert(args, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"{op}: {exc}") from None
+    return fn(server, peer, parsed, now)
