@@ -15,6 +15,7 @@ import msgspec
 import typer
 
 from zq import cli_access
+from zq.cli_journal import journal_app
 from zq.config import Config
 from zq.core.errors import ZqError
 
@@ -247,6 +248,8 @@ def main() -> None:
 
 
 cli_access.register(app)
+cli_access.register_management(app)
+app.add_typer(journal_app, name="journal")
 
 
 if __name__ == "__main__":

@@ -121,3 +121,150 @@ def register(app: typer.Typer) -> None:
         from zq.views import rows_table
 
         Console().print(rows_table(rows, list(group_by or []) + list(aggregate or ["count"])))
+
+
+def confirm_or_stop(what: str, yes: bool) -> None:
+    """Destructive commands ask first; without a terminal they need --yes."""
+    import sys
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise fail(f"{what}: add --yes to confirm (no terminal to ask on)", RET_USAGE)
+    if not typer.confirm(f"{what}?", default=False):
+        raise typer.Exit(1)
+
+
+def available(c, queue: str, filter: str | None, group: str | None = None) -> int:  # type: ignore[no-untyped-def]
+    """How many available messages a destructive command would touch (for the question)."""
+    if group is not None:
+        return sum(g["pending"] for g in c.groups(queue, limit=10**9) if g["group"] == group)
+    rows = c.query(queue, aggregates=["count"], filter=filter)
+    return rows[0]["count"] if rows else 0
+
+
+def register_management(app: typer.Typer) -> None:
+    YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
+
+    def run(fn):  # type: ignore[no-untyped-def]
+        try:
+            return fn()
+        except ZqError as exc:
+            raise fail(str(exc), RET_USAGE) from None
+
+    @app.command()
+    def groups(
+        queue: str = typer.Argument(..., help="a queue with message groups"),
+        limit: int = typer.Option(50, "--limit", "-n", help="at most this many groups (busiest first)"),
+        endpoint: Optional[str] = EndpointOpt,
+        as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+    ) -> None:
+        """List a queue's groups with pending and in-flight counts and owners."""
+        with client_for(endpoint) as c:
+            rows = run(lambda: c.groups(queue, limit))
+        if as_json:
+            for row in rows:
+                typer.echo(json.dumps(row))
+            return
+        from rich.console import Console
+
+        from zq.views import rows_table
+
+        Console().print(rows_table(rows, ["group", "pending", "in_flight", "owner"]))
+
+    @app.command()
+    def purge(
+        queue: str = typer.Argument(...),
+        group: Optional[str] = typer.Option(None, "--group", "-g", help="only this group's messages"),
+        filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
+        yes: bool = YesOpt,
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Delete available messages of a queue (leased ones are left alone)."""
+        with client_for(endpoint) as c:
+            n = run(lambda: available(c, queue, filter, group))
+            confirm_or_stop(f"purge {n} available messages from {queue!r}", yes)
+            typer.echo(f"purged {run(lambda: c.purge(queue, filter=filter, group=group))}")
+
+    @app.command()
+    def move(
+        queue: str = typer.Argument(...),
+        to: str = typer.Argument(..., help="topic to republish them to"),
+        group: Optional[str] = typer.Option(None, "--group", "-g", help="only this group's messages"),
+        filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
+        yes: bool = YesOpt,
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Move available messages to another topic (copies, then removed here)."""
+        with client_for(endpoint) as c:
+            n = run(lambda: available(c, queue, filter, group))
+            confirm_or_stop(f"move {n} available messages from {queue!r} to {to!r}", yes)
+            typer.echo(f"moved {run(lambda: c.move(queue, to, filter=filter, group=group))}")
+
+    @app.command()
+    def redrive(
+        queue: str = typer.Argument(..., help="a dead-letter queue"),
+        filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only dead letters matching this expression"),
+        yes: bool = YesOpt,
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Send dead letters back to the topic they came from (same id and headers)."""
+        with client_for(endpoint) as c:
+            n = run(lambda: available(c, queue, filter))
+            confirm_or_stop(f"redrive {n} dead letters from {queue!r}", yes)
+            typer.echo(f"redriven {run(lambda: c.redrive(queue, filter=filter))}")
+
+    @app.command("ack")
+    def ack_by_filter(
+        queue: str = typer.Argument(...),
+        filter: str = typer.Option(..., "--filter", "-f", help="acknowledge the messages matching this expression"),
+        yes: bool = YesOpt,
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Acknowledge (remove) available messages matching a filter."""
+        with client_for(endpoint) as c:
+            n = run(lambda: available(c, queue, filter))
+            confirm_or_stop(f"acknowledge {n} available messages of {queue!r}", yes)
+            typer.echo(f"acknowledged {run(lambda: c.ack_filter(queue, filter))}")
+
+    queue_app = typer.Typer(help="Declare and delete queues at run time (journaled; zq.toml wins).", no_args_is_help=True)
+    app.add_typer(queue_app, name="queue")
+
+    @queue_app.command("create")
+    def queue_create(
+        name: str = typer.Argument(...),
+        topics: Optional[str] = typer.Option(None, "--topics", help="regex over topics [default: the name]"),
+        semantics: str = typer.Option("at-least-once", "--semantics", help="at-least-once | at-most-once"),
+        fairness: Optional[str] = typer.Option(None, "--fairness", help="fast | round-robin | proportional"),
+        lease: str = typer.Option("30s", "--lease"),
+        max_backlog: int = typer.Option(100, "--max-backlog", help="max_per_subscription_backlog"),
+        max_cancels: int = typer.Option(0, "--max-cancels"),
+        max_deliveries: int = typer.Option(20, "--max-deliveries"),
+        expiration: Optional[str] = typer.Option(None, "--expiration"),
+        dead_letter: Optional[str] = typer.Option(None, "--dead-letter"),
+        group_header: Optional[str] = typer.Option("group", "--group-header"),
+        group_policy: str = typer.Option("sequenced", "--group-policy"),
+        filter: Optional[str] = typer.Option(None, "--filter", "-f", help="which messages of the topics enter"),
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Create a queue now; it survives restarts."""
+        settings = {
+            "topics": topics, "semantics": semantics, "fairness": fairness, "lease": lease,
+            "max_per_subscription_backlog": max_backlog, "max_cancels": max_cancels,
+            "max_deliveries": max_deliveries, "expiration": expiration, "dead_letter": dead_letter,
+            "group_header": group_header, "group_policy": group_policy, "filter": filter,
+        }
+        with client_for(endpoint) as c:
+            created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))
+        typer.echo(json.dumps(created))
+
+    @queue_app.command("delete")
+    def queue_delete(
+        name: str = typer.Argument(...),
+        yes: bool = YesOpt,
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Delete a run-time queue and every message it holds."""
+        confirm_or_stop(f"delete queue {name!r} and its messages", yes)
+        with client_for(endpoint) as c:
+            typer.echo(f"deleted {name} ({run(lambda: c.delete_queue(name))} messages)")

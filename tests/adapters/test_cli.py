@@ -145,3 +145,31 @@ def test_demo_runs_a_small_fleet_and_prints_a_summary():
     run = zq("demo", "--messages", "600", "--workers", "2", timeout=120)
     assert run.returncode == 0, run.stderr
     assert "summary" in run.stdout and "acked 600" in run.stdout and "worker-2" in run.stdout
+
+
+def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
+    ep = ("--endpoint", server.endpoint)
+    run = zq("queue", "create", "work", "--lease", "5s", "--group-header", "customer", *ep)
+    assert run.returncode == 0 and json.loads(run.stdout)["lease_ms"] == 5000, run.stderr
+    lines = "\n".join(json.dumps({"n": i}) for i in range(4))
+    assert zq("publish", "work", *ep, "--header", "customer=c1", input=lines + "\n").returncode == 0
+    run = zq("groups", "work", *ep, "--json")
+    assert json.loads(run.stdout) == {"group": "c1", "pending": 4, "in_flight": 0, "owner": None}
+    run = zq("purge", "work", *ep, "--filter", "/n = 0")
+    assert run.returncode == 2 and "--yes" in run.stderr  # no terminal: destructive needs --yes
+    assert zq("purge", "work", *ep, "--filter", "/n = 0", "--yes").stdout.strip() == "purged 1"
+    assert zq("ack", "work", *ep, "--filter", "/n = 1", "--yes").stdout.strip() == "acknowledged 1"
+    assert zq("move", "work", "elsewhere", *ep, "--filter", "/n = 2", "--yes").stdout.strip() == "moved 1"
+    assert zq("redrive", "work", *ep, "--yes").stdout.strip() == "redriven 0"  # not dead letters: no zq.topic
+    assert zq("queue", "delete", "work", *ep, "--yes").stdout.strip() == "deleted work (1 messages)"
+    data = str(tmp_path / "journal")
+    info = json.loads(zq("journal", "info", "--data", data).stdout)  # beside the running server
+    assert info["messages"] == 5 and info["format"] == 1 and info["newest_message"] >= info["oldest_message"]
+    run = zq("journal", "verify", "--data", data)
+    assert run.returncode == 0 and json.loads(run.stdout)["ok"] is True
+    out = tmp_path / "export"
+    assert json.loads(zq("journal", "export", str(out), "--data", data).stdout)["messages"] == 5
+    rows = [json.loads(x) for x in (out / "messages.jsonl").read_text().splitlines()]
+    assert [r["topic"] for r in rows] == ["work"] * 4 + ["elsewhere"]
+    assert any(json.loads(x)["reason"] == "purged" for x in (out / "events.jsonl").read_text().splitlines())
+    assert zq("journal", "info", "--data", str(tmp_path / "nothing")).returncode == 2
