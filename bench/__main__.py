@@ -4,8 +4,9 @@ Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency
 groups (a real `zq serve` with worker processes over tcp loopback), memory (heap and
 RSS per queued message), recovery (start-up time from a big journal), peers (zq, Redis
 Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in one
-invocation; `--repeat N` interleaves them round by round). Results go to
-bench/results/.
+invocation; `--repeat N` interleaves them round by round), filters (what an expression
+costs per message), claims (a claim's round trip, a long poll's wake-up). Results go
+to bench/results/.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers")
+SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
+             "filters", "claims")
 
 
 def machine() -> dict:
@@ -60,8 +62,16 @@ def run(scenario: str, quick: bool) -> list[dict]:
             engine.throughput(n, backlog=256, batch=64),
             engine.throughput(n, backlog=16, batch=64, groups=1000),
         ]
+    if scenario == "filters":
+        from bench import access
+
+        return access.filter_costs(20_000 if quick else 1_000_000)
     from bench import e2e
 
+    if scenario == "claims":
+        from bench import access
+
+        return access.claim_latency(200 if quick else 5_000)
     if scenario == "throughput":
         n = 5_000 if quick else 100_000
         return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")]

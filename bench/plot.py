@@ -23,7 +23,8 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = next((k for k in ("e2e_msgs_per_s", "msgs_per_s", "heap_bytes_per_message", "seconds_to_serving")
+    key = next((k for k in ("e2e_msgs_per_s", "msgs_per_s", "heap_bytes_per_message", "seconds_to_serving",
+                            "ns_per_message", "claims_per_s")
                 if any(k in r for r in rows)), None)
     if key is None and scenario == "latency":
         return plot_latency(rows, meta, out)
@@ -65,5 +66,7 @@ def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
 def label(row: dict) -> str:
     if "system" in row:
         return str(row["system"])
+    if "case" in row:
+        return "zq " + str(row["case"])[:28]
     parts = [str(row.get(k)) for k in ("durability", "publish", "backlog", "groups", "queued") if row.get(k) not in (None, 0)]
     return "zq " + " ".join(parts)

@@ -225,45 +225,23 @@ class Queue:
         returned, ready, removed = self.returned, self.ready, self.removed
         watermark = self.expired_watermark
         filtered = self.filtered
+        offered = -1  # every live set-aside message below this was offered in this call
         n = len(fifo)
         while True:
             # The oldest candidate of the three places (2**64 stands for "none").
             f = fifo[self.head] if self.head < n else 1 << 64
             r = returned[0] if returned else 1 << 64
             g = ready[0][0] if ready else 1 << 64
-            if self.skipped and len(self.skip_gone) < len(self.skipped):
+            if self.skipped:
                 # Set-aside messages older than the next candidate go first, to whoever matches.
-                self.dispatch_skipped(min(f, r, g), now_ms)
-                if self.depth == 0:
-                    break
-            if filtered and (f != 1 << 64 or r != 1 << 64 or g != 1 << 64):
-                if not any(s.used < s.backlog for s in self.subs):
-                    break
-                seq = min(f, r, g)
-                if seq in removed or seq <= watermark:
-                    pass  # handled by the branches below
-                elif f < r and f < g:
-                    gid = fifo_gid[self.head] if self.grouped else 0
-                    grp = groups[gid] if gid else None
-                    if (grp is None or not grp.has_pending() and self.group_can_go(grp)) and self.choose_for(grp, seq) is None:
-                        self.head += 1
-                        self.set_aside(seq, gid)
-                        continue
-                elif r < g:
-                    if self.choose_for(None, seq) is None:
-                        heapq.heappop(returned)
-                        self.set_aside(seq, 0)
-                        continue
-                else:
-                    gid = ready[0][1]
-                    grp = groups.get(gid)
-                    if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq and \
-                            self.group_can_go(grp) and self.choose_for(grp, seq) is None:
-                        heapq.heappop(ready)
-                        grp.phead += 1
-                        self.after_group_pop(grp)
-                        self.set_aside(seq, gid)
-                        continue
+                limit = min(f, r, g)
+                if limit > offered:
+                    i = bisect_left(self.skipped, offered)
+                    if i < len(self.skipped) and self.skipped[i] < limit:
+                        self.dispatch_skipped(limit, now_ms)
+                        if self.depth == 0:
+                            break
+                    offered = limit
             if f < r and f < g:
                 seq = f
                 gid = fifo_gid[self.head] if self.grouped else 0
@@ -283,6 +261,10 @@ class Queue:
                     continue
                 sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
+                    if filtered and self.any_credit():
+                        self.head += 1
+                        offered = self.set_aside(seq, gid, judged=offered >= seq)
+                        continue
                     break
                 self.head += 1
             elif r < g:
@@ -298,6 +280,10 @@ class Queue:
                     continue
                 sub = self.choose_for(None, seq) if filtered else self.choose(None)
                 if sub is None:
+                    if filtered and self.any_credit():
+                        heapq.heappop(returned)
+                        offered = self.set_aside(seq, 0, judged=offered >= seq)
+                        continue
                     break
                 heapq.heappop(returned)
                 grp = None
@@ -327,6 +313,12 @@ class Queue:
                     continue
                 sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
+                    if filtered and self.any_credit():
+                        heapq.heappop(ready)
+                        grp.phead += 1
+                        self.after_group_pop(grp)
+                        offered = self.set_aside(seq, gid, judged=offered >= seq)
+                        continue
                     break
                 heapq.heappop(ready)
                 grp.phead += 1
@@ -412,14 +404,14 @@ class Queue:
                 return None
             self.disown(grp)  # its owner refuses the group's next message and holds none
         subs = self.subs
-        if self.fairness == "proportional":
-            order = sorted((s for s in subs if s.used < s.backlog), key=lambda s: (s.used - s.backlog) / s.backlog)
-        elif self.fairness == "fast":
-            order = [s for s in subs if s.used < s.backlog]
-        else:
-            count = len(subs)
-            start = self.rr_next % count if count else 0
-            order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
+        order = [s for s in subs if s.used < s.backlog]
+        if len(order) > 1:
+            if self.fairness == "proportional":
+                order.sort(key=lambda s: (s.used - s.backlog) / s.backlog)
+            elif self.fairness == "round-robin":
+                count = len(subs)
+                start = self.rr_next % count
+                order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
         for s in order:
             if s.match is None or s.match(seq):
                 if self.fairness == "round-robin":
@@ -435,8 +427,16 @@ class Queue:
         owner.waiting_groups.discard(grp.gid)
         grp.owner = None
 
-    def set_aside(self, seq: int, gid: int) -> None:
-        """Nobody with credit matches ``seq``: keep it waiting in ``skipped``."""
+    def any_credit(self) -> bool:
+        return any(s.used < s.backlog for s in self.subs)
+
+    def set_aside(self, seq: int, gid: int, judged: bool = False) -> int:
+        """Nobody with credit matches ``seq``: keep it waiting in ``skipped``.
+
+        With ``judged`` (every set-aside message below ``seq`` was just offered), the
+        cursors of subscriptions with credit move past it: they refused it already.
+        Returns the new "offered" bound for ``dispatch``.
+        """
         skipped = self.skipped
         if seq in self.skip_gone:  # its old, taken entry is still there: drop it first
             i = bisect_left(skipped, seq)
@@ -446,6 +446,7 @@ class Queue:
             self.skip_gone.discard(seq)
         if seq < self.skip_high:
             self.skipped_gen += 1  # some cursor is already past it: they never judged it
+            judged = False
         if skipped and seq < skipped[-1]:
             i = bisect_left(skipped, seq)
             skipped.insert(i, seq)
@@ -455,6 +456,15 @@ class Queue:
             self.skipped_gid.append(gid)
         if gid:
             self.groups[gid].held = seq
+        if not judged:
+            return -1
+        gen = self.skipped_gen
+        for sub in self.subs:
+            if sub.used < sub.backlog and sub.skip_gen == gen and sub.skip_cursor <= seq:
+                sub.skip_cursor = seq + 1
+        if seq + 1 > self.skip_high:
+            self.skip_high = seq + 1
+        return seq + 1
 
     def dispatch_skipped(self, limit: int, now_ms: int) -> None:
         """Offer set-aside messages older than ``limit`` to subscriptions with credit."""
