@@ -88,6 +88,24 @@ class AsyncClient:
     async def stats(self) -> dict:
         return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)
 
+    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        method = getattr(self.client, name)
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: method(*args, **kw))
+
+    # Request/answer operations: the sync client's, awaited off the event loop.
+    async def peek(self, queue: str, limit: int = 100, filter: str | None = None) -> list[dict]:
+        return await self._call("peek", queue, limit, filter)
+
+    async def query(self, queue: str, **kw: Any) -> list[dict]:
+        return await self._call("query", queue, **kw)
+
+    async def claim(self, queue: str, **kw: Any) -> list[Message]:
+        """A long poll that does not block the event loop."""
+        return await self._call("claim", queue, **kw)
+
+    async def admin(self, op: str, **args: Any) -> Any:
+        return await self._call("admin", op, **args)
+
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.client.close)
 

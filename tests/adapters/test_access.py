@@ -207,3 +207,21 @@ def test_operators_ack_purge_move_and_redrive_over_the_wire(dispatcher):
         assert "work" not in c.stats()["queues"]
         with pytest.raises(ZqError, match="unknown admin operation"):
             c.admin("explode")
+
+
+def test_replay_of_a_queue_reads_its_topics_from_a_time_and_follows(dispatcher):
+    import time
+
+    with zq.connect(dispatcher.endpoint) as c:
+        c.create_queue("all-orders", topics="orders\\..*")
+        c.publish("orders.eu", b"old")
+        since = int(time.time() * 1000) + 1
+        while int(time.time() * 1000) <= since:
+            time.sleep(0.001)
+        c.publish("orders.us", b"us")
+        c.publish("other", b"not covered")
+        with c.replay("all-orders", since_ms=since, follow=True) as r:
+            assert r.get(5).data == b"us"
+            c.publish("orders.eu", b"live")
+            assert r.get(5).data == b"live"
+            assert r.get(0.2) is None  # "other" is not one of the queue's topics

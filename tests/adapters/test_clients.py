@@ -73,10 +73,14 @@ def test_asyncio_client_has_the_same_shape(dispatcher):
                     msg.ack()
                     if len(got) == 5:
                         break
-            return sent, got
+            await c.publish("aio", b'{"n": 1}')
+            claimed = await c.claim("aio", limit=5, wait=1)
+            claimed[0].ack()
+            rows = await c.query("aio", aggregates=["count"])
+            return sent, got, [m.data for m in claimed], rows
 
-    sent, got = asyncio.run(main())
-    assert sent == got
+    sent, got, claimed, rows = asyncio.run(main())
+    assert sent == got and claimed == [b'{"n": 1}'] and rows == [{"count": 0}]
 
 
 def test_a_worker_reconnects_and_resubscribes_after_the_server_restarts(tmp_path):

@@ -97,8 +97,12 @@ class Query:
         return self
 
     def rows(self) -> list[dict[str, Any]]:
+        """One row per group-by key; without group-by, exactly one row (count 0 when empty)."""
         out = []
-        for key, state in self.groups.items():
+        groups = self.groups
+        if not self.group_by and not groups:
+            groups = {(): [[0, None] for _ in self.aggregates]}
+        for key, state in groups.items():
             row: dict[str, Any] = {label: k for (label, _), k in zip(self.group_by, key)}
             for agg, (count, acc) in zip(self.aggregates, state):
                 if agg.fn == "count":
