@@ -412,6 +412,12 @@ class Client:
         items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
         return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
 
+    def publish_records_async(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> list[Future]:
+        """Pre-built ``(payload, headers, msg_id)`` messages (writers with their own ids);
+        one future of bookmarks per frame sent."""
+        self._check_open()
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
+
     def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0) -> Subscription:
         self._check_open()
         sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog, filter)
@@ -523,6 +529,25 @@ class Client:
     def delete_queue(self, name: str) -> int:
         """Delete a run-time queue and what it holds; returns how many messages it held."""
         return self.admin("queue-delete", name=name)  # type: ignore[return-value]
+
+    def read_range(
+        self,
+        kind: str = "messages",
+        start: int = 0,
+        end: int | None = None,
+        target: str | None = None,
+        limit: int = 65_536,
+        timeout: float = 60.0,
+    ) -> "wire.Records":
+        """Stored records between two bookmarks (analytics; ``zq.ranges``): decode
+        ``.blob`` with ``zq.ranges.decode_messages`` / ``decode_events``; go on from
+        ``.next`` until ``.done``."""
+        return self._request(lambda req: wire.Range(req, kind, start, end, target, limit), timeout=timeout)
+
+    def bounds(self, at_ms: int | None = None, timeout: float = 10.0) -> dict:
+        """``{"next_seq": n, "seq_at": s}``: every record below ``n`` is committed; ``s``
+        is the first message published at or after ``at_ms``."""
+        return self._request(lambda req: wire.Bounds(req, at_ms), timeout=timeout)
 
     def stats(self, timeout: float = 10.0) -> dict:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)
@@ -699,6 +724,8 @@ class Client:
                     sub.inbox.put((self.generation, batch))
         elif t is wire.Confirm:
             self._resolve(msg.req, msg.bookmarks)
+        elif t is wire.Records:
+            self._resolve(msg.req, msg)
         elif t is wire.End:
             sub = self._subs.get(msg.sub)
             if sub is not None:

@@ -34,6 +34,7 @@ from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq import admin
+from zq.ranges import RangeReader
 from zq.replay import Replayer
 
 log = logging.getLogger("zq.server")
@@ -99,6 +100,8 @@ class Server:
         self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
         self.replayer = Replayer(self.journal, lambda: self.engine)
+        self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers)
+        self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         self.frames_in = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
@@ -134,6 +137,7 @@ class Server:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.sock.close(linger=500)
+        self.ranges.close()  # before the journal: the reader thread uses it
         self.journal.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
@@ -162,6 +166,8 @@ class Server:
                     pass
             now = wall_ms()
         self.receive_all(now)
+        for peer_id, frame in self.ranges.answers():
+            self.send(peer_id, frame)
         self.engine.advance(now)
         out = self.engine.drain(now)
         self.journal.append(out.records)
@@ -268,6 +274,12 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
         elif t is wire.Queues:
             self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
+        elif t is wire.Range:
+            self.ranges.forward(peer_id, cmd)  # type: ignore[arg-type]
+        elif t is wire.Bounds:
+            at = cmd.at_ms  # type: ignore[attr-defined]
+            seq_at = self.journal.seq_at_time(at) if at is not None else None
+            self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))  # type: ignore[attr-defined]
         elif t is wire.Admin:
             result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
             self.reply(peer_id, wire.Reply(cmd.req, result))  # type: ignore[attr-defined]
@@ -354,6 +366,10 @@ class Server:
         refused = self.engine.extend(self.sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
         if refused:
             self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
+
+    def queue_covers(self, name: str):  # type: ignore[no-untyped-def]
+        q = self.engine.queues.get(name)
+        return q.covers if q is not None else None
 
     def configured_queue(self, name: str) -> bool:
         """Is ``name`` a queue of the config file (which wins over run-time ones)?"""

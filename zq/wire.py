@@ -129,6 +129,25 @@ class Admin(_Cmd, tag="admin"):
     args: dict[str, Any] = {}
 
 
+class Range(_Cmd, tag="range"):
+    """Stored records for analytics, answered by the reader thread (``zq.ranges``)."""
+
+    req: int
+    kind: str = "messages"  # or "events"
+    start: int = 0  # first bookmark
+    end: int | None = None  # stop before this bookmark
+    target: str | None = None  # messages: a topic, a queue (its topics), a ^regex; events: a queue
+    limit: int = 65_536
+
+
+class Bounds(_Cmd, tag="bounds"):
+    """REPLY {next_seq, seq_at}: every record below ``next_seq`` is committed (the
+    journal's end now); ``seq_at`` is the first message at or after ``at_ms``."""
+
+    req: int
+    at_ms: int | None = None
+
+
 class QueryCmd(_Cmd, tag="query"):
     req: int
     queue: str
@@ -139,7 +158,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim | Replay | Admin
+    | QueryCmd | Claim | Replay | Admin | Range | Bounds
 )
 
 
@@ -189,6 +208,17 @@ class End(_Cmd, tag="end"):
     count: int
 
 
+class Records(_Cmd, tag="records"):
+    """A RANGE answer: the records as stored, as one msgpack array in ``blob``; read on
+    from ``next``; ``done`` when the range is exhausted."""
+
+    req: int
+    kind: str
+    blob: bytes
+    next: int
+    done: bool
+
+
 class Refused(_Cmd, tag="refused"):
     """Bookmarks of an ack / cancel / expire / extend that were not applied."""
 
@@ -209,7 +239,7 @@ class Error(_Cmd, tag="error"):
     message: str
 
 
-ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End
+ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End | Records
 
 
 client_decoder = msgspec.msgpack.Decoder(ClientCommand)

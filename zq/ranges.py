@@ -1,0 +1,177 @@
+"""Journal range reads for analytics (Spark executors), beside the dispatch loop.
+
+Theory of operation
+-------------------
+A RANGE request asks for stored records of one kind (messages or events) between two
+bookmarks, optionally of one topic (or a queue's topics, or a ``^regex``). Big ranges
+are many megabytes: reading and encoding them inside the dispatch loop would stall
+deliveries. So the loop only *forwards* RANGE frames, over an inproc PAIR socket, to
+a reader thread; the thread reads committed records in short read transactions
+(LMDB readers never block the writer), and sends the answer back the same way for
+the loop to pass on. The loop's cost per request is two frame copies.
+
+The answer (RECORDS) carries the records exactly as stored, as one msgpack array in
+one binary field: the executor decodes the whole array with one typed msgspec call
+and builds Arrow columns from it; the dispatcher never decodes or re-encodes them
+unless a topic filter needs the topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+import threading
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from zq import wire
+from zq.core import records as R
+
+log = logging.getLogger("zq.ranges")
+
+RANGE_RECORDS_MAX = 65_536
+RANGE_BYTES_MAX = 16 * 1024 * 1024
+
+
+def msgpack_array(raws: list[bytes]) -> bytes:
+    """Stored records as one msgpack array (header + the records' bytes)."""
+    n = len(raws)
+    head = bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n) if n < 65536 else b"\xdd" + struct.pack(">I", n)
+    return head + b"".join(raws)
+
+
+class RangeReader:
+    """The reader thread; ``forward`` and ``answers`` are the loop's side."""
+
+    def __init__(self, journal, ctx: zmq.Context, covers_of: Callable[[str], Callable[[str], bool] | None]) -> None:  # type: ignore[no-untyped-def]
+        self.journal = journal
+        self.covers_of = covers_of  # queue name -> its covers(), read on the loop thread
+        self.endpoint = f"inproc://zq-ranges-{id(self)}"
+        self.loop_side = ctx.socket(zmq.PAIR)
+        self.loop_side.bind(self.endpoint)
+        self.thread_side = ctx.socket(zmq.PAIR)
+        self.thread_side.connect(self.endpoint)
+        self.thread = threading.Thread(target=self.run, name="zq-ranges", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------ loop side
+
+    def forward(self, peer_id: bytes, cmd: wire.Range) -> None:
+        """Hand a RANGE to the reader thread; the queue's topics are resolved here."""
+        covers = None
+        if cmd.target:
+            queue_covers = self.covers_of(cmd.target)
+            if queue_covers is not None:
+                # The thread must not touch engine state: pass the queue's regex instead.
+                covers = ("queue", queue_covers)
+        self.loop_side.send_pyobj((peer_id, cmd, covers))
+
+    def answers(self) -> list[tuple[bytes, bytes]]:
+        out = []
+        while True:
+            try:
+                peer_id, frame = self.loop_side.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.append((peer_id, frame))
+
+    def close(self) -> None:
+        self.loop_side.send_pyobj(None)
+        self.thread.join(10)
+        self.loop_side.close(0)
+
+    # ---------------------------------------------------------- thread side
+
+    def run(self) -> None:
+        sock = self.thread_side
+        try:
+            while True:
+                item = sock.recv_pyobj()
+                if item is None:
+                    return
+                peer_id, cmd, covers = item
+                try:
+                    frame = wire.encode(self.answer(cmd, covers))
+                except Exception as exc:  # noqa: BLE001 -- any failure is the requester's error reply
+                    log.warning("range request failed: %s", exc)
+                    frame = wire.encode(wire.Error(cmd.req, "journal", f"range read failed: {exc}"))
+                sock.send_multipart([peer_id, frame])
+        finally:
+            sock.close(0)
+
+    def answer(self, cmd: wire.Range, covers) -> wire.Records:  # type: ignore[no-untyped-def]
+        if cmd.kind not in ("messages", "events"):
+            return wire.Error(cmd.req, "protocol", f"kind must be messages or events, got {cmd.kind!r}")  # type: ignore[return-value]
+        match = self.topic_match(cmd.target, covers) if cmd.kind == "messages" else None
+        queue = cmd.target if cmd.kind == "events" else None
+        blob, nxt, done = read_records(self.journal, cmd.kind, cmd.start, cmd.end, match, queue, cmd.limit)
+        return wire.Records(cmd.req, cmd.kind, blob, nxt, done)
+
+    @staticmethod
+    def topic_match(target: str | None, covers) -> Callable[[str], bool] | None:  # type: ignore[no-untyped-def]
+        if not target:
+            return None
+        if covers is not None:
+            return covers[1]
+        if target.startswith("^"):
+            pattern = re.compile(target)
+            return lambda topic: pattern.fullmatch(topic) is not None
+        return target.__eq__
+
+
+_KEY = struct.Struct(">Q")
+
+
+def read_records(
+    journal,  # type: ignore[no-untyped-def]
+    kind: str,
+    start: int,
+    end: int | None,
+    match: Callable[[str], bool] | None = None,
+    queue: str | None = None,
+    limit: int = RANGE_RECORDS_MAX,
+) -> tuple[bytes, int, bool]:
+    """Stored records of ``kind`` in [start, end) as one msgpack array; the next bookmark
+    to read from; whether the range is exhausted. One short read transaction."""
+    db = journal.msgs if kind == "messages" else journal.events
+    limit = max(1, min(limit, RANGE_RECORDS_MAX))
+    raws: list[bytes] = []
+    size = 0
+    done = True
+    decode = R.message_decoder.decode if match is not None else R.event_decoder.decode
+    stop_key = _KEY.pack(end) if end is not None else None
+    last = None
+    with journal.env.begin(db=db) as txn, txn.cursor() as cur:
+        if cur.set_range(_KEY.pack(max(start, 0))):
+            for k, v in cur.iternext():
+                if stop_key is not None and k >= stop_key:
+                    break
+                last = k
+                if match is not None and not match(decode(v).topic):
+                    continue
+                if queue and decode(v).queue != queue:
+                    continue
+                raws.append(v)
+                size += len(v)
+                if len(raws) >= limit or size >= RANGE_BYTES_MAX:
+                    done = False
+                    break
+    nxt = _KEY.unpack(last)[0] + 1 if last is not None else start
+    if done and end is not None:
+        nxt = max(nxt, end)
+    return msgpack_array(raws), nxt, done
+
+
+def decode_messages(blob: bytes) -> list[R.Message]:
+    return _MESSAGES.decode(blob)
+
+
+def decode_events(blob: bytes) -> list[R.Event]:
+    return _EVENTS.decode(blob)
+
+
+_MESSAGES = msgspec.msgpack.Decoder(list[R.Message])
+_EVENTS = msgspec.msgpack.Decoder(list[R.Event])
