@@ -21,7 +21,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims")
+             "filters", "claims", "spark")
 
 
 def machine() -> dict:
@@ -62,6 +62,10 @@ def run(scenario: str, quick: bool) -> list[dict]:
             engine.throughput(n, backlog=256, batch=64),
             engine.throughput(n, backlog=16, batch=64, groups=1000),
         ]
+    if scenario == "spark":
+        from bench import spark
+
+        return spark.spark_figures(20_000 if quick else 1_000_000)
     if scenario == "filters":
         from bench import access
 

@@ -22,7 +22,10 @@ import logging
 import re
 import struct
 import threading
+from bisect import bisect_left
 from collections.abc import Callable
+from itertools import accumulate, islice
+from operator import itemgetter
 
 import msgspec
 import zmq
@@ -119,7 +122,7 @@ class RangeReader:
         if target.startswith("^"):
             pattern = re.compile(target)
             return lambda topic: pattern.fullmatch(topic) is not None
-        return target.__eq__
+        return target  # an exact topic: read_records compares encoded bytes
 
 
 _KEY = struct.Struct(">Q")
@@ -130,39 +133,70 @@ def read_records(
     kind: str,
     start: int,
     end: int | None,
-    match: Callable[[str], bool] | None = None,
+    match: Callable[[str], bool] | str | None = None,
     queue: str | None = None,
     limit: int = RANGE_RECORDS_MAX,
 ) -> tuple[bytes, int, bool]:
     """Stored records of ``kind`` in [start, end) as one msgpack array; the next bookmark
-    to read from; whether the range is exhausted. One short read transaction."""
+    to read from; whether the range is exhausted. One short read transaction.
+
+    The hot path runs in C: ``islice`` pulls at most ``limit`` records from the cursor,
+    the end bookmark is found by bisecting the (sorted) keys, and the byte limit by
+    accumulating lengths. Only a topic or queue filter looks at records one by one.
+    """
     db = journal.msgs if kind == "messages" else journal.events
     limit = max(1, min(limit, RANGE_RECORDS_MAX))
-    raws: list[bytes] = []
-    size = 0
-    done = True
-    decode = R.message_decoder.decode if match is not None else R.event_decoder.decode
-    stop_key = _KEY.pack(end) if end is not None else None
-    last = None
     with journal.env.begin(db=db) as txn, txn.cursor() as cur:
-        if cur.set_range(_KEY.pack(max(start, 0))):
-            for k, v in cur.iternext():
-                if stop_key is not None and k >= stop_key:
-                    break
-                last = k
-                if match is not None and not match(decode(v).topic):
-                    continue
-                if queue and decode(v).queue != queue:
-                    continue
-                raws.append(v)
-                size += len(v)
-                if len(raws) >= limit or size >= RANGE_BYTES_MAX:
-                    done = False
-                    break
-    nxt = _KEY.unpack(last)[0] + 1 if last is not None else start
-    if done and end is not None:
+        items = list(islice(cur.iternext(), limit)) if cur.set_range(_KEY.pack(max(start, 0))) else []
+    exhausted = len(items) < limit
+    if end is not None:
+        cut = bisect_left(items, _KEY.pack(end), key=itemgetter(0))
+        if cut < len(items):
+            items = items[:cut]
+            exhausted = True
+    sizes = list(accumulate(map(len, map(itemgetter(1), items))))
+    if sizes and sizes[-1] > RANGE_BYTES_MAX:
+        items = items[: max(1, bisect_left(sizes, RANGE_BYTES_MAX))]
+        exhausted = False
+    nxt = _KEY.unpack(items[-1][0])[0] + 1 if items else start
+    raws = list(map(itemgetter(1), items))
+    if isinstance(match, str):  # one exact topic: compare its encoded bytes in place
+        enc, w = msgspec.msgpack.encode(match), _UINT_WIDTH
+        raws = [v for v in raws if v.startswith(enc, 3 + (i := w[v[3]]) + w[v[3 + i]]) and v[1:3] == b"\xa1m"]
+    elif match is not None:
+        raws = [v for v in raws if match(record_topic(v))]
+    elif queue:
+        raws = [v for v in raws if R.event_decoder.decode(v).queue == queue]
+    if exhausted and end is not None:
         nxt = max(nxt, end)
-    return msgpack_array(raws), nxt, done
+    return msgpack_array(raws), nxt, exhausted
+
+
+# Width in bytes of a msgpack unsigned int by its first byte (fixint 1, uint8..64).
+_UINT_WIDTH = [1] * 0x80 + [0] * 0x80
+_UINT_WIDTH[0xCC], _UINT_WIDTH[0xCD], _UINT_WIDTH[0xCE], _UINT_WIDTH[0xCF] = 2, 3, 5, 9
+
+
+def record_topic(raw: bytes) -> str:
+    """The topic of a stored message record without decoding the rest of it.
+
+    Layout (``records.Message``, array-like): array header, "m", seq, ts_ms, topic, ...
+    """
+    if raw[0] & 0xF0 != 0x90 or raw[1:3] != b"\xa1m":
+        return R.message_decoder.decode(raw).topic  # not the compact layout: decode it all
+    i = 3
+    i += _UINT_WIDTH[raw[i]] or 0
+    i += _UINT_WIDTH[raw[i]] or 0
+    b = raw[i]
+    if 0xA0 <= b <= 0xBF:
+        n, i = b & 0x1F, i + 1
+    elif b == 0xD9:
+        n, i = raw[i + 1], i + 2
+    elif b == 0xDA:
+        n, i = int.from_bytes(raw[i + 1 : i + 3], "big"), i + 3
+    else:
+        return R.message_decoder.decode(raw).topic
+    return raw[i : i + n].decode()
 
 
 def decode_messages(blob: bytes) -> list[R.Message]:

@@ -37,10 +37,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import Any
 
 try:
     import pyarrow as pa
+    import pyarrow.compute as pc
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceArrowWriter,
@@ -181,7 +184,7 @@ class Journal:
                 pattern = re.compile(o.target)
                 match = lambda t: pattern.fullmatch(t) is not None  # noqa: E731
             else:
-                match = o.target.__eq__
+                match = o.target  # an exact topic
         return read_records(self.local, o.kind, start, end, match, o.target if o.kind == "events" else None,
                             o.batch_rows)
 
@@ -221,26 +224,34 @@ def to_int(text: str | None) -> int | None:
 
 
 def messages_batch(ms: list[R.Message], group_header: str = "group") -> pa.RecordBatch:
-    offsets = [0]
-    keys: list[str] = []
-    values: list[str] = []
-    for m in ms:
-        h = m.headers
-        keys.extend(h)
-        values.extend(h.values())
-        offsets.append(len(keys))
+    """Columns built with ``map`` / ``chain`` (C loops), not per-row Python."""
+    n = len(ms)
+    hs = list(map(_HEADERS, ms))
+    lengths = list(map(len, hs))
+    offsets = list(accumulate(lengths, initial=0))
+    if offsets[-1]:
+        keys = list(chain.from_iterable(hs))
+        values = list(chain.from_iterable(map(dict.values, hs)))
+        group = pa.array([h.get(group_header) for h in hs], pa.string())
+        priority = pa.array([to_int(h.get("priority")) for h in hs], pa.int64())
+    else:
+        keys, values = [], []
+        group, priority = pa.nulls(n, pa.string()), pa.nulls(n, pa.int64())
     headers = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
                                       pa.array(values, pa.string()))
     return pa.RecordBatch.from_arrays([
-        pa.array([m.seq for m in ms], pa.int64()),
-        pa.array([m.topic for m in ms], pa.string()),
-        pa.array([m.ts_ms * 1000 for m in ms], pa.int64()).cast(UTC_US),
-        pa.array([m.msg_id for m in ms], pa.string()),
-        pa.array([m.headers.get(group_header) for m in ms], pa.string()),
-        pa.array([to_int(m.headers.get("priority")) for m in ms], pa.int64()),
+        pa.array(list(map(_SEQ, ms)), pa.int64()),
+        pa.array(list(map(_TOPIC, ms)), pa.string()),
+        pc.multiply(pa.array(list(map(_TS, ms)), pa.int64()), 1000).cast(UTC_US),
+        pa.array(list(map(_MSG_ID, ms)), pa.string()),
+        group,
+        priority,
         headers,
-        pa.array([m.payload for m in ms], pa.binary()),
+        pa.array(list(map(_PAYLOAD, ms)), pa.binary()),
     ], schema=MESSAGE_SCHEMA)
+
+
+_SEQ, _TS, _TOPIC, _HEADERS, _PAYLOAD, _MSG_ID = (attrgetter(a) for a in ("seq", "ts_ms", "topic", "headers", "payload", "msg_id"))
 
 
 def event_rows(evs: list[R.Event]) -> dict[str, list]:

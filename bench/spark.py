@@ -1,0 +1,66 @@
+"""Spark data source throughput: 1,000,000 journaled messages read into Spark (Arrow,
+local[2]) from a running `zq serve` and from the journal directory; and a DataFrame
+written into zq (fresh ids, every message confirmed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.e2e import child_env, free_port
+
+
+def spark_figures(n: int) -> list[dict]:
+    from zq.client import Client
+    from zq.spark import local_session
+
+    tmp = tempfile.mkdtemp(prefix="zq-bench-spark-")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = subprocess.Popen([sys.executable, "-m", "zq.cli", "serve", "--data", f"{tmp}/j", "--bind", endpoint],
+                              env=child_env(), stderr=subprocess.DEVNULL)
+    spark = None
+    try:
+        with Client(endpoint, connect_timeout=30) as c:
+            payload = b"x" * 128
+            futures = []
+            for i in range(0, n, 4096):
+                futures += c.publish_many_async("orders", [payload] * min(4096, n - i), group=None)
+                if len(futures) > 16:
+                    futures.pop(0).result(600)
+            for f in futures:
+                f.result(600)
+        spark = local_session("zq-bench")
+        rows = []
+        for label, option in (("endpoint", ("endpoint", endpoint)), ("journal directory", ("path", f"{tmp}/j"))):
+            best = None
+            for _ in range(2):
+                df = spark.read.format("zq").option(*option).option("topic", "orders").load()
+                t0 = time.perf_counter()
+                df.write.format("noop").mode("overwrite").save()
+                dt = time.perf_counter() - t0
+                best = dt if best is None else min(best, dt)
+            rows.append({"case": f"read 1 topic via {label}", "rows": n, "seconds": round(best, 2),
+                         "rows_per_s": round(n / best), "partitions": 2, "master": "local[2]"})
+            if label == "endpoint":
+                server.terminate()  # the directory read must not share the disk with a writer
+                server.wait(30)
+        write_n = max(1, n // 4)
+        server = subprocess.Popen([sys.executable, "-m", "zq.cli", "serve", "--data", f"{tmp}/w", "--bind", endpoint],
+                                  env=child_env(), stderr=subprocess.DEVNULL)
+        Client(endpoint, connect_timeout=30).close()
+        src = spark.range(write_n, numPartitions=2).selectExpr("cast(repeat('x', 128) as binary) as payload",
+                                                               "cast(id as string) as msg_id").cache()
+        src.count()
+        t0 = time.perf_counter()
+        src.write.format("zq").option("endpoint", endpoint).option("topic", "in").mode("append").save()
+        dt = time.perf_counter() - t0
+        rows.append({"case": "write (new ids, confirmed)", "rows": write_n, "seconds": round(dt, 2),
+                     "rows_per_s": round(write_n / dt), "partitions": 2, "master": "local[2]", "durability": "batch"})
+        return rows
+    finally:
+        if spark is not None:
+            spark.stop()
+        server.terminate()
+        server.wait(30)
