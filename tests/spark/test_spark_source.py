@@ -153,3 +153,12 @@ def test_overwrite_is_refused_and_rows_become_messages(spark, dispatcher):
         got = {m["payload"]: m["headers"] for m in c.peek("in")}
         assert got == {b"a": {"k": "v", "group": "g1", "priority": "5"}, b"b": {}}
         assert c.stats()["duplicates"] == 2
+
+
+def test_a_queue_read_covers_its_topics(spark, dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.create_queue("eu-orders", topics=r"orders\.eu\..*")
+        want = [c.publish("orders.eu.fr", b"1"), c.publish("orders.eu.de", b"2")]
+        c.publish("orders.us.ny", b"3")
+    df = spark.read.format("zq").option("endpoint", dispatcher.endpoint).option("queue", "eu-orders").load()
+    assert sorted(r.bookmark for r in df.collect()) == want
