@@ -94,6 +94,9 @@ class LmdbJournal:
         except lmdb.NotFoundError:
             self.ids = None
         self.staged: list[object] = []
+        # One read transaction for the loop thread's point reads (content, dedup ids),
+        # renewed after each commit: a transaction per read cost more than the read.
+        self.reader_txn: lmdb.Transaction | None = None
         self.last_sync_ms = 0
         self.unsynced = False
         self.check_format()
@@ -149,8 +152,10 @@ class LmdbJournal:
         for _ in range(8):
             try:
                 self.write_once(staged)
+                self.release_reader()
                 return
             except lmdb.MapFullError:
+                self.release_reader()
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise JournalError(f"journal write failed: {exc}") from exc
@@ -196,16 +201,28 @@ class LmdbJournal:
 
     def get_message(self, seq: int) -> R.Message | None:
         """The engine's content port: a committed message (dead letters are stored resolved)."""
-        with self.env.begin(db=self.msgs) as txn:
-            raw = txn.get(_KEY.pack(seq))
+        raw = self.point_reader().get(_KEY.pack(seq), db=self.msgs)
         return R.message_decoder.decode(raw) if raw is not None else None
+
+    def point_reader(self) -> lmdb.Transaction:
+        """The loop thread's read transaction, seeing every commit so far."""
+        txn = self.reader_txn
+        if txn is None:
+            txn = self.reader_txn = self.env.begin()
+        return txn
+
+    def release_reader(self) -> None:
+        """After a write: drop the reader (its snapshot would pin freed pages and hide the
+        commit); the next point read begins a new one. Also before resizing the map."""
+        if self.reader_txn is not None:
+            self.reader_txn.abort()
+            self.reader_txn = None
 
     def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None:
         """The dedup port: bookmark and time of the first journaled publish of ``msg_id``."""
         if self.ids is None:
             return None
-        with self.env.begin(db=self.ids) as txn:
-            raw = txn.get(id_key(topic, msg_id))
+        raw = self.point_reader().get(id_key(topic, msg_id), db=self.ids)
         return _ID.unpack(raw) if raw is not None else None
 
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
@@ -353,6 +370,7 @@ class LmdbJournal:
                         deleted += 1
         if deleted:
             self.unsynced = True
+            self.release_reader()
         return deleted
 
     def reader_check(self) -> int:
@@ -360,6 +378,7 @@ class LmdbJournal:
         return self.env.reader_check()
 
     def close(self) -> None:
+        self.release_reader()
         if self.staged:
             self.commit()
         if not self.readonly and self.unsynced:
