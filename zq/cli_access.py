@@ -143,6 +143,17 @@ def available(c, queue: str, filter: str | None, group: str | None = None) -> in
     return rows[0]["count"] if rows else 0
 
 
+def confirmed_action(endpoint, queue, filter, group, yes, question, done, action):  # type: ignore[no-untyped-def]
+    """Count what a destructive action would touch, ask (unless --yes), do it, report."""
+    with client_for(endpoint) as c:
+        try:
+            n = available(c, queue, filter, group)
+            confirm_or_stop(question.format(n=n, queue=queue), yes)
+            typer.echo(f"{done} {action(c)}")
+        except ZqError as exc:
+            raise fail(str(exc), RET_USAGE) from None
+
+
 def register_management(app: typer.Typer) -> None:
     YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
 
@@ -181,10 +192,8 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Delete available messages of a queue (leased ones are left alone)."""
-        with client_for(endpoint) as c:
-            n = run(lambda: available(c, queue, filter, group))
-            confirm_or_stop(f"purge {n} available messages from {queue!r}", yes)
-            typer.echo(f"purged {run(lambda: c.purge(queue, filter=filter, group=group))}")
+        confirmed_action(endpoint, queue, filter, group, yes, "purge {n} available messages from {queue!r}", "purged",
+                         lambda c: c.purge(queue, filter=filter, group=group))
 
     @app.command()
     def move(
@@ -196,10 +205,8 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Move available messages to another topic (copies, then removed here)."""
-        with client_for(endpoint) as c:
-            n = run(lambda: available(c, queue, filter, group))
-            confirm_or_stop(f"move {n} available messages from {queue!r} to {to!r}", yes)
-            typer.echo(f"moved {run(lambda: c.move(queue, to, filter=filter, group=group))}")
+        confirmed_action(endpoint, queue, filter, group, yes, "move {n} available messages from {queue!r} to " + repr(to),
+                         "moved", lambda c: c.move(queue, to, filter=filter, group=group))
 
     @app.command()
     def redrive(
@@ -209,10 +216,8 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Send dead letters back to the topic they came from (same id and headers)."""
-        with client_for(endpoint) as c:
-            n = run(lambda: available(c, queue, filter))
-            confirm_or_stop(f"redrive {n} dead letters from {queue!r}", yes)
-            typer.echo(f"redriven {run(lambda: c.redrive(queue, filter=filter))}")
+        confirmed_action(endpoint, queue, filter, None, yes, "redrive {n} dead letters from {queue!r}", "redriven",
+                         lambda c: c.redrive(queue, filter=filter))
 
     @app.command("ack")
     def ack_by_filter(
@@ -222,10 +227,8 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Acknowledge (remove) available messages matching a filter."""
-        with client_for(endpoint) as c:
-            n = run(lambda: available(c, queue, filter))
-            confirm_or_stop(f"acknowledge {n} available messages of {queue!r}", yes)
-            typer.echo(f"acknowledged {run(lambda: c.ack_filter(queue, filter))}")
+        confirmed_action(endpoint, queue, filter, None, yes, "acknowledge {n} available messages of {queue!r}",
+                         "acknowledged", lambda c: c.ack_filter(queue, filter))
 
     queue_app = typer.Typer(help="Declare and delete queues at run time (journaled; zq.toml wins).", no_args_is_help=True)
     app.add_typer(queue_app, name="queue")

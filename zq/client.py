@@ -170,6 +170,9 @@ class Message:
         return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
 
 
+_END = object()  # in a replay's inbox: its END arrived; nothing follows
+
+
 class Subscription:
     """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
 
@@ -185,6 +188,7 @@ class Subscription:
         self.settle: collections.deque[tuple[str, int, int]] = collections.deque()  # op, bookmark, generation
         self.refused = 0
         self.closed = False
+        self.ended = False  # a replay reached its END
         self.sink: Callable[[list[Message]], None] | None = None
         # I/O-thread-only counters: messages received, settles sent (this session).
         self.received = 0
@@ -195,7 +199,7 @@ class Subscription:
         """The next message, or None when ``timeout`` seconds pass without one."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.local:
-            if self.closed:
+            if self.closed or self.ended:
                 raise StopIteration
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -204,6 +208,9 @@ class Subscription:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
+            if item is _END:  # a replay's END: everything before it was taken
+                self.ended = True
+                raise StopIteration
             if item is None:
                 continue
             generation, batch = item
@@ -260,9 +267,6 @@ class Subscription:
         self.close()
 
 
-_END = object()  # in a replay's inbox: its END arrived; nothing follows
-
-
 class Replay(Subscription):
     """A journal replay: iterate to read; taking a message returns its window slot.
 
@@ -274,31 +278,13 @@ class Replay(Subscription):
         super().__init__(client, sub_id, cmd.target, 0)
         self.cmd = cmd
         self.last: int | None = None
-        self.ended = False
 
     def get(self, timeout: float | None = None) -> Message | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.local:
-            if self.closed or self.ended:
-                raise StopIteration
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
-            except queue_mod.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            if item is _END:
-                self.ended = True
-                raise StopIteration
-            if item is None:
-                continue
-            generation, batch = item
-            self.local.extend(Message(r, n, self, generation) for r, n in batch)
-        msg = self.local.popleft()
-        self.last = msg.bookmark
-        self.settle.append(("ack", msg.bookmark, msg._generation))  # window credit, not an ack of the message
-        self.client._wake()
+        msg = super().get(timeout)
+        if msg is not None:
+            self.last = msg.bookmark
+            self.settle.append(("ack", msg.bookmark, msg._generation))  # window credit, not an ack of the message
+            self.client._wake()
         return msg
 
     def resume_command(self, req: int) -> wire.Replay:

@@ -487,25 +487,23 @@ def task_context() -> tuple[int, int]:
     return (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
 
 
-class ZqWriter(DataSourceArrowWriter):
+class PublishingWriter:
+    """What both writers do: publish the task's rows (``publish_batches``)."""
+
     def __init__(self, options: dict[str, str], overwrite: bool) -> None:
         self.opts = WriteOptions(options, overwrite)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         n = publish_batches(self.opts, iterator)
         partition, attempt = task_context()
         return Published(partition, attempt, n)
 
 
-class ZqStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: dict[str, str], overwrite: bool) -> None:
-        self.opts = WriteOptions(options, overwrite)
+class ZqWriter(PublishingWriter, DataSourceArrowWriter):
+    pass
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:  # type: ignore[override]
-        n = publish_batches(self.opts, iterator)
-        partition, attempt = task_context()
-        return Published(partition, attempt, n)
 
+class ZqStreamWriter(PublishingWriter, DataSourceStreamArrowWriter):
     def commit(self, messages: list, batchId: int) -> None:
         pass
 
