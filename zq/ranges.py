@@ -73,7 +73,9 @@ class RangeReader:
         self.loop_side.send_pyobj((peer_id, cmd, covers))
 
     def answers(self) -> list[tuple[bytes, bytes]]:
-        out = []
+        out: list[tuple[bytes, bytes]] = []
+        if not self.loop_side.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return out  # the common case, without raising zmq.Again
         while True:
             try:
                 peer_id, frame = self.loop_side.recv_multipart(zmq.NOBLOCK)

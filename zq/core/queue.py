@@ -588,7 +588,7 @@ class Queue:
         sub.used -= 1
         if sub.pull:
             sub.backlog -= 1  # settling a claimed message opens no credit
-        else:
+        elif sub.waiting_groups:
             self.credit_opened(sub)
         m = self.meta[seq]
         gid = m >> _G_SHIFT
