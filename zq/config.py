@@ -77,6 +77,10 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     filter: str | None = None
     dedup_window: str = "24h"
     leasing: str = "strict"
+    max_depth: int = 0
+    max_bytes: str | int = 0
+    overflow: str = "reject"
+    resume_percent: int = 90
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -169,6 +173,10 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         filter=q.filter,
         dedup_window_ms=duration_ms(q.dedup_window, f"{where}.dedup_window"),
         leasing=q.leasing,
+        max_depth=q.max_depth,
+        max_bytes=size_bytes(q.max_bytes, f"{where}.max_bytes") if q.max_bytes else 0,
+        overflow=q.overflow,
+        resume_percent=q.resume_percent,
     )
     try:
         return settings.validate()

@@ -99,6 +99,7 @@ class Server:
         self.next_retention_ms = self.started_ms + RETENTION_INTERVAL_MS
         self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
+        self.flow_held: list[tuple[bytes, bytes, list[str]]] = []  # confirmations waiting on full queues
         self.replayer = Replayer(self.journal, lambda: self.engine)
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
@@ -181,6 +182,11 @@ class Server:
         held, self.held = self.held, []
         for peer_id, frame in held:
             self.send(peer_id, frame)
+        for notice in self.engine.notices:
+            log.warning("%s", notice)
+        self.engine.notices.clear()
+        if self.flow_held:
+            self.release_flow_held()
         for d in out.deliveries:
             self.deliver(d)
             claim = self.claims.pop(d.sub_id, None)
@@ -311,6 +317,10 @@ class Server:
         peer = self.peers.get(peer_id)
         if peer is not None:
             peer.published += len(bookmarks)
+        full = self.engine.withheld(cmd.topic)
+        if full:  # flow-control: the confirmation waits until those queues drain
+            self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
+            return
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
@@ -330,6 +340,17 @@ class Server:
                           destructive=cmd.destructive, filter=cmd.filter)
         peer.subs.add(cmd.sub)
         self.claims[key] = (peer.peer_id, cmd.req, now + wait_ms)
+
+    def release_flow_held(self) -> None:
+        """Send confirmations whose queues are no longer over their limits."""
+        queues = self.engine.queues
+        still = []
+        for peer_id, frame, names in self.flow_held:
+            if any(n in queues and queues[n].blocked for n in names):
+                still.append((peer_id, frame, names))
+            else:
+                self.send(peer_id, frame)
+        self.flow_held = still
 
     def end_due_claims(self, now: int) -> None:
         """Claims whose wait ran out answer with nothing."""
@@ -475,6 +496,7 @@ class Server:
             self.send(peer_id, wire.encode(wire.Error(0, wire.RESET, "the dispatcher reset its sessions; reconnect")))
         self.peers.clear()
         self.claims.clear()
+        self.flow_held.clear()  # their publishers resend after the reset
         self.replayer.replays.clear()
         self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
 

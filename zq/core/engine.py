@@ -30,7 +30,14 @@ import msgspec
 
 from zq.core import expr, limits
 from zq.core import records as R
-from zq.core.errors import LimitError, NotSupportedError, ProtocolError, UnknownQueueError, UnknownSubscriptionError
+from zq.core.errors import (
+    LimitError,
+    NotSupportedError,
+    ProtocolError,
+    QueueFullError,
+    UnknownQueueError,
+    UnknownSubscriptionError,
+)
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
@@ -73,6 +80,7 @@ class Engine(ManagementMixin):
         self.find_id = find_id
         self.step_ids: dict[tuple[str, str], tuple[int, int]] = {}
         self.duplicates = 0
+        self.notices: list[str] = []  # operator-worthy changes (overflow breaches); the adapter logs them
         # The content port: reads a journaled message by bookmark (filters need it).
         # Messages of the current step are not journaled yet; ``message`` finds those
         # in ``records``.
@@ -216,6 +224,8 @@ class Engine(ManagementMixin):
     def publish_fresh(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
                       now_ms: int) -> list[int]:
         for q in queues:
+            if q.limited and q.settings.overflow == "reject":
+                self.check_room(q, topic, items)
             if q.grouped:
                 header = q.settings.group_header
                 names = {h[header] for _, h, _ in items if header in h}  # type: ignore[index]
@@ -247,8 +257,69 @@ class Engine(ManagementMixin):
             else:
                 for i in range(len(items)):
                     q.enqueue(first + i, 0)
+            if q.limited:
+                self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
         return list(range(first, first + len(items)))
+
+    def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
+        """overflow = "reject": refuse the whole batch before anything is journaled."""
+        entering = [p for p, h, _ in items if q.filter is None or q.filter(h, p, topic)]
+        if entering and q.would_overflow(len(entering), sum(map(len, entering))):
+            q.rejected += len(entering)
+            if not q.blocked:
+                q.blocked = True
+                q.breaches += 1
+                self.notices.append(f"queue {q.name!r} is full: publishes are refused (overflow = reject)")
+            s = q.settings
+            raise QueueFullError(f"queue {q.name!r} is full ({q.held()} messages of max_depth {s.max_depth or '-'}, "
+                                 f"{q.bytes} bytes of max_bytes {s.max_bytes or '-'}; overflow = reject)")
+
+    def after_enqueue_limited(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
+                              first: int) -> None:
+        if q.sizes is not None:
+            for i, (payload, headers, _) in enumerate(items):
+                if q.filter is None or q.filter(headers, payload, topic):
+                    q.sizes[first + i] = len(payload)
+                    q.bytes += len(payload)
+        if not q.over_limit():
+            return
+        if not q.blocked:
+            q.blocked = True
+            q.breaches += 1
+            action = {"ring": "the oldest are dropped", "flow-control": "confirmations are withheld"}.get(
+                q.settings.overflow, "publishes are refused")
+            self.notices.append(f"queue {q.name!r} reached its limit: {action}")
+        if q.settings.overflow == "ring":
+            q.make_room()
+
+    def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
+        """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
+        counts toward the queue's limits (ring queues make room)."""
+        q.enqueue(seq, gid)
+        if q.limited:
+            if q.sizes is not None:
+                m = self.message(seq)
+                size = len(m.payload) if m is not None else 0
+                q.sizes[seq] = size
+                q.bytes += size
+            if q.over_limit() and q.settings.overflow == "ring":
+                q.make_room()
+
+    def check_overflow_ends(self) -> None:
+        """A breach ends when the queue is back under its limits (flow-control: under
+        ``resume_percent`` of them); logged once, like its start."""
+        for q in self.queues.values():
+            if q.blocked:
+                percent = q.settings.resume_percent if q.settings.overflow == "flow-control" else 100
+                if not q.over_limit(percent):
+                    q.blocked = False
+                    self.notices.append(f"queue {q.name!r} is back under its limits")
+
+    def withheld(self, topic: str) -> list[str]:
+        """Flow-control queues over their limits among those ``topic`` feeds: a publish
+        confirmation waits until they are not (the adapter holds it)."""
+        return [q.name for q in self.route(self.resolve_topic(topic)) if q.blocked and q.settings.overflow == "flow-control"]
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -514,6 +585,7 @@ class Engine(ManagementMixin):
         if now >= self.rp_due_ms:
             self.rp_due_ms = now + limits.RECOVERY_POINT_INTERVAL_MS
             self.write_recovery_points()
+        self.check_overflow_ends()
         out = Output(self.records, self.deliveries)
         self.records, self.deliveries = [], []
         self.step_messages = None
@@ -564,7 +636,7 @@ class Engine(ManagementMixin):
             if group is not None and dq.grouped and dq.settings.group_header == q.settings.group_header:
                 if dq.can_take_group(group):
                     gid = dq.group_id(group)
-            dq.enqueue(new_seq, gid)
+            self.enqueue_copy(dq, new_seq, gid)
         q.dead_lettered += 1
 
     def flush_events(self, q: Queue) -> None:
@@ -619,6 +691,9 @@ class Engine(ManagementMixin):
                 "dead_lettered": q.dead_lettered,
                 "redelivered": q.redelivered,
                 "groups": len(q.groups),
+                "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
+                             "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
+                             "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
@@ -723,6 +798,9 @@ class Engine(ManagementMixin):
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
                 q.enqueue(msg.seq, gid)
+                if q.sizes is not None:
+                    q.sizes[msg.seq] = len(msg.payload)
+                    q.bytes += len(msg.payload)
                 c = counts[q.name].get(msg.seq)
                 if c is not None:
                     q.restore_counts(msg.seq, gid, c[0], c[1])

@@ -31,6 +31,12 @@ class LimitError(ZqError):
     code = "limit"
 
 
+class QueueFullError(LimitError):
+    """A queue with ``overflow = "reject"`` is at its ``max_depth`` / ``max_bytes``."""
+
+    code = "queue-full"
+
+
 class NotSupportedError(ZqError):
     code = "not-supported"
 

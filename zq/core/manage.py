@@ -170,7 +170,7 @@ class ManagementMixin:
                 name = content.headers.get(dq.settings.group_header)
                 if name is not None and dq.can_take_group(name):
                     gid = dq.group_id(name)
-            dq.enqueue(new_seq, gid)
+            self.enqueue_copy(dq, new_seq, gid)  # type: ignore[attr-defined]
         return new_seq
 
     # --------------------------------------------------------------- groups

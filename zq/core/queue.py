@@ -145,6 +145,12 @@ class Queue:
         self.exclusive = s.group_policy == "exclusive"
         self.grouped = bool(s.group_header)
         self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
+        # Overflow (max_depth / max_bytes): sizes are kept only when max_bytes is set.
+        self.limited = bool(s.max_depth or s.max_bytes)
+        self.sizes: dict[int, int] | None = {} if s.max_bytes else None
+        self.bytes = 0
+        self.blocked = False  # over a limit: the breach is on (flow-control: confirmations withheld)
+        self.breaches = self.rejected = self.dropped = 0
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -298,6 +304,8 @@ class Queue:
                     grp.phead += 1
                     self.after_group_pop(grp)
                     self.drop_removed(seq, gid)
+                    if grp.gid in groups and grp.has_pending():
+                        self.group_became_pending(grp)  # register the group's new head
                     continue
                 if seq <= watermark:
                     heapq.heappop(ready)
@@ -305,6 +313,8 @@ class Queue:
                     self.after_group_pop(grp)
                     self.depth -= 1
                     self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+                    if grp.gid in groups and grp.has_pending():
+                        self.group_became_pending(grp)
                     continue
                 if not self.group_can_go(grp):
                     heapq.heappop(ready)
@@ -578,6 +588,48 @@ class Queue:
                 del self.fifo_gid[: self.head]
             self.head = 0
 
+    # ------------------------------------------------------------ overflow
+
+    def held(self) -> int:
+        """Messages in the queue: waiting and leased (what max_depth counts)."""
+        return self.depth + len(self.lease_of)
+
+    def would_overflow(self, count: int, size: int) -> bool:
+        s = self.settings
+        return bool(s.max_depth and self.held() + count > s.max_depth
+                    or s.max_bytes and self.bytes + size > s.max_bytes)
+
+    def over_limit(self, percent: int = 100) -> bool:
+        s = self.settings
+        return bool(s.max_depth and self.held() * 100 > s.max_depth * percent
+                    or s.max_bytes and self.bytes * 100 > s.max_bytes * percent)
+
+    def make_room(self) -> None:
+        """overflow = "ring": drop the oldest available messages until under the limits."""
+        while self.over_limit() and self.depth:
+            self.drop_removed_front()
+            seq = self.oldest_waiting()
+            if seq is None or not self.remove_available(seq):
+                return
+            self.dropped += 1
+            self.expired += 1
+            self.expired_out.append((seq, R.REASON_OVERFLOW, self.deliveries_of(seq), self.group_name_of(seq)))
+
+    def drop_removed_front(self) -> None:
+        """Finish removed messages at the front of the fifo and the returned heap, so the
+        oldest waiting message there is a live one."""
+        removed = self.removed
+        if not removed:
+            return
+        fifo = self.fifo
+        while self.head < len(fifo) and fifo[self.head] in removed:
+            gid = self.fifo_gid[self.head] if self.grouped else 0
+            seq = fifo[self.head]
+            self.head += 1
+            self.drop_removed(seq, gid)
+        while self.returned and self.returned[0] in removed:
+            self.drop_removed(heapq.heappop(self.returned), 0)
+
     # ----------------------------------------------------- ending a delivery
 
     def release(self, seq: int) -> tuple[Lease, int]:
@@ -615,6 +667,8 @@ class Queue:
     def finish(self, seq: int, gid: int) -> None:
         """The message leaves the queue for good."""
         self.meta.pop(seq, None)
+        if self.sizes is not None:
+            self.bytes -= self.sizes.pop(seq, 0)
         if gid:
             grp = self.groups[gid]
             grp.count -= 1
@@ -752,8 +806,26 @@ class Queue:
             return False
         if not self.is_waiting(seq):
             return False
+        if self.skipped and seq not in self.skip_gone:
+            i = bisect_left(self.skipped, seq)
+            if i < len(self.skipped) and self.skipped[i] == seq:
+                # Set aside: take it out now, so a group it holds is free at once.
+                gid = self.skipped_gid[i]
+                self.skip_gone.add(seq)
+                self.depth -= 1
+                self.finish(seq, gid)
+                grp = self.groups.get(gid) if gid else None
+                if grp is not None and grp.held == seq:
+                    grp.held = 0
+                    self.skipped_gen += 1
+                    if grp.has_pending():
+                        self.group_became_pending(grp)
+                self.dirty = True
+                return True
         self.removed.add(seq)
         self.depth -= 1
+        if self.sizes is not None:
+            self.bytes -= self.sizes.pop(seq, 0)  # now, not when its removal is reached
         return True
 
     def is_waiting(self, seq: int) -> bool:

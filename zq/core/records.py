@@ -31,6 +31,7 @@ REASON_MAX_CANCELS = "max-cancels"
 REASON_MAX_DELIVERIES = "max-deliveries"
 REASON_EXPIRED = "expired"
 REASON_REQUESTED = "expire-requested"
+REASON_OVERFLOW = "overflow"
 
 
 class Message(msgspec.Struct, array_like=True, gc=False, tag="m"):

@@ -15,6 +15,7 @@ from zq.core.expr import ExprError, compile_filter
 SEMANTICS = ("at-least-once", "at-most-once")
 FAIRNESS = ("fast", "round-robin", "proportional")
 GROUP_POLICIES = ("sequenced", "exclusive")
+OVERFLOW_POLICIES = ("reject", "ring", "flow-control")
 
 
 class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +36,10 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
     start_seq: int = 0  # journal position the queue starts from when first declared
     filter: str | None = None  # expression: which messages of the topics enter the queue
+    max_depth: int = 0  # messages in the queue (waiting + leased); 0: no limit
+    max_bytes: int = 0  # their payload bytes; 0: no limit
+    overflow: str = "reject"  # at a limit: "reject" | "ring" (drop the oldest available) | "flow-control"
+    resume_percent: int = 90  # flow-control: confirmations flow again below this % of the limits
     leasing: str = "strict"  # "shared": ack-by-filter may also take leased messages
     dedup_window_ms: int = 86_400_000  # a message id seen this recently on the topic enqueues nothing (0: off)
 
@@ -64,6 +69,12 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         for key in ("max_cancels", "max_deliveries"):
             if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
+        if self.max_depth < 0 or self.max_bytes < 0:
+            raise ConfigError(f"{where}: max_depth and max_bytes must not be negative")
+        if not 1 <= self.resume_percent <= 100:
+            raise ConfigError(f"{where}: resume_percent must be 1..100")
         if self.leasing not in ("strict", "shared"):
             raise ConfigError(f"{where}: leasing must be 'strict' or 'shared', got {self.leasing!r}")
         if self.dedup_window_ms < 0:

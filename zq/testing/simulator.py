@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from zq.core import records as R
 from zq.core.engine import Engine, Output
-from zq.core.errors import ZqError
+from zq.core.errors import QueueFullError, ZqError
 from zq.core.settings import QueueSettings
 from zq.core.expr import compile_filter
 from zq.journal.base import recover_engine
@@ -79,6 +79,8 @@ class SimOptions:
                     group_header=rng.choice([None, "group", "group"]),
                     group_policy=rng.choice(["sequenced", "exclusive"]),
                     filter=rng.choice([None, None, "color != 'blue'"]),
+                    max_depth=rng.choice([0, 0, 0, 20, 60]),
+                    overflow=rng.choice(["reject", "ring", "flow-control"]),
                 )
             )
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
@@ -186,6 +188,10 @@ class Simulator:
             if not (w.pull and w.destructive):
                 w.held.extend(d.seqs)
         self.oracle.check(self.engine)
+        for s in self.options.queues:
+            q = self.engine.queues[s.name]
+            if s.max_depth and s.overflow == "reject" and q.held() > s.max_depth:
+                raise InvariantError(f"{s.name}: {q.held()} messages held over max_depth {s.max_depth} (reject)")
 
     def crash(self, *, lose_step: bool, out: Output) -> None:
         """The dispatcher dies; with ``lose_step`` before this step's commit."""
@@ -227,7 +233,10 @@ class Simulator:
             group = self.rng.choice(self.options.groups)
             headers = {"group": group} if group is not None else {}
             headers["color"] = self.rng.choice(COLORS)
-            self.engine.publish(topic, b"x", headers, self.now_ms)
+            try:
+                self.engine.publish(topic, b"x", headers, self.now_ms)
+            except QueueFullError:
+                pass  # refused whole, nothing journaled: the oracle never hears of it
 
     def work(self, w: Worker, faults: bool) -> None:
         o, rng = self.options, self.rng
