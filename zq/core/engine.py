@@ -257,6 +257,10 @@ class Engine(ManagementMixin):
             else:
                 for i in range(len(items)):
                     q.enqueue(first + i, 0)
+            if q.lvq_fn is not None:
+                for i, (payload, headers, _) in enumerate(items):
+                    if q.filter is None or q.filter(headers, payload, topic):
+                        q.lvq_admit(first + i, q.lvq_fn(headers, payload, topic))
             if q.limited:
                 self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
@@ -297,6 +301,10 @@ class Engine(ManagementMixin):
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
         counts toward the queue's limits (ring queues make room)."""
         q.enqueue(seq, gid)
+        if q.lvq_fn is not None:
+            m = self.message(seq)
+            if m is not None:
+                q.lvq_admit(seq, q.lvq_fn(m.headers, m.payload, m.topic))
         if q.limited:
             if q.sizes is not None:
                 m = self.message(seq)
@@ -604,7 +612,7 @@ class Engine(ManagementMixin):
             ds = [it[2] for it in items]
             self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason))
             target = q.settings.dead_letter
-            if target:
+            if target and reason != R.REASON_REPLACED:
                 for seq, _, d, group in items:
                     self.publish_dead_letter(q, target, seq, reason, d, group)
 
@@ -694,6 +702,7 @@ class Engine(ManagementMixin):
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
                              "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
+                "replaced": q.replaced,
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
@@ -798,6 +807,8 @@ class Engine(ManagementMixin):
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
                 q.enqueue(msg.seq, gid)
+                if q.lvq_fn is not None:
+                    q.lvq_admit(msg.seq, q.lvq_fn(msg.headers, msg.payload, msg.topic))
                 if q.sizes is not None:
                     q.sizes[msg.seq] = len(msg.payload)
                     q.bytes += len(msg.payload)

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
-from zq.core.expr import compile_filter
+from zq.core.expr import compile_filter, compile_value
 from zq.core.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -151,6 +151,11 @@ class Queue:
         self.bytes = 0
         self.blocked = False  # over a limit: the breach is on (flow-control: confirmations withheld)
         self.breaches = self.rejected = self.dropped = 0
+        # Last-value queue: key -> newest message of that key, and back.
+        self.lvq_fn = compile_value(s.lvq_key).fn if s.lvq_key else None
+        self.lvq: dict[object, int] = {}
+        self.lvq_key_of: dict[int, object] = {}
+        self.replaced = 0
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -615,6 +620,18 @@ class Queue:
             self.expired += 1
             self.expired_out.append((seq, R.REASON_OVERFLOW, self.deliveries_of(seq), self.group_name_of(seq)))
 
+    def lvq_admit(self, seq: int, key: object) -> None:
+        """A last-value queue took ``seq`` of ``key``: an older available one leaves
+        (a leased one stays with its holder, and does not come back)."""
+        if key is None or type(key) not in (str, int, float, bool):
+            return
+        old = self.lvq.get(key)
+        self.lvq[key] = seq
+        self.lvq_key_of[seq] = key
+        if old is not None and old not in self.lease_of and self.remove_available(old):
+            self.replaced += 1
+            self.expired_out.append((old, R.REASON_REPLACED, self.deliveries_of(old), self.group_name_of(old)))
+
     def drop_removed_front(self) -> None:
         """Finish removed messages at the front of the fifo and the returned heap, so the
         oldest waiting message there is a live one."""
@@ -669,6 +686,10 @@ class Queue:
         self.meta.pop(seq, None)
         if self.sizes is not None:
             self.bytes -= self.sizes.pop(seq, 0)
+        if self.lvq_key_of:
+            key = self.lvq_key_of.pop(seq, None)
+            if key is not None and self.lvq.get(key) == seq:
+                del self.lvq[key]
         if gid:
             grp = self.groups[gid]
             grp.count -= 1
@@ -767,6 +788,13 @@ class Queue:
         if seq <= self.expired_watermark:
             self.expire_leased(seq, m, R.REASON_EXPIRED)
             return
+        if self.lvq_key_of:
+            key = self.lvq_key_of.get(seq)
+            if key is not None and self.lvq.get(key) != seq:  # a newer value came while it was out
+                self.replaced += 1
+                self.expire_leased(seq, m, R.REASON_REPLACED)
+                self.expired -= 1  # counted as replaced, not expired
+                return
         self.depth += 1
         self.dirty = True
         gid = m >> _G_SHIFT

@@ -32,6 +32,7 @@ REASON_MAX_DELIVERIES = "max-deliveries"
 REASON_EXPIRED = "expired"
 REASON_REQUESTED = "expire-requested"
 REASON_OVERFLOW = "overflow"
+REASON_REPLACED = "replaced"  # a last-value queue kept a newer message of the same key (not dead-lettered)
 
 
 class Message(msgspec.Struct, array_like=True, gc=False, tag="m"):

@@ -10,7 +10,7 @@ import msgspec
 
 from zq.core import limits
 from zq.core.errors import ConfigError
-from zq.core.expr import ExprError, compile_filter
+from zq.core.expr import ExprError, compile_filter, compile_value
 
 SEMANTICS = ("at-least-once", "at-most-once")
 FAIRNESS = ("fast", "round-robin", "proportional")
@@ -36,6 +36,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
     start_seq: int = 0  # journal position the queue starts from when first declared
     filter: str | None = None  # expression: which messages of the topics enter the queue
+    lvq_key: str | None = None  # last-value queue: a header name or /body/path; a newer message replaces
     max_depth: int = 0  # messages in the queue (waiting + leased); 0: no limit
     max_bytes: int = 0  # their payload bytes; 0: no limit
     overflow: str = "reject"  # at a limit: "reject" | "ring" (drop the oldest available) | "flow-control"
@@ -69,6 +70,11 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         for key in ("max_cancels", "max_deliveries"):
             if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
+        if self.lvq_key is not None:
+            try:
+                compile_value(self.lvq_key)
+            except ExprError as e:
+                raise ConfigError(f"{where}: lvq_key: {e}") from None
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
         if self.max_depth < 0 or self.max_bytes < 0:

@@ -81,6 +81,7 @@ class SimOptions:
                     filter=rng.choice([None, None, "color != 'blue'"]),
                     max_depth=rng.choice([0, 0, 0, 20, 60]),
                     overflow=rng.choice(["reject", "ring", "flow-control"]),
+                    lvq_key=rng.choice([None, None, None, "color"]),
                 )
             )
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
@@ -192,6 +193,11 @@ class Simulator:
             q = self.engine.queues[s.name]
             if s.max_depth and s.overflow == "reject" and q.held() > s.max_depth:
                 raise InvariantError(f"{s.name}: {q.held()} messages held over max_depth {s.max_depth} (reject)")
+            if s.lvq_key:
+                keys = [self.journal.get_message(seq).headers.get(s.lvq_key) for seq in q.waiting_set()]
+                keys = [k for k in keys if k is not None]
+                if len(keys) != len(set(keys)):
+                    raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
 
     def crash(self, *, lose_step: bool, out: Output) -> None:
         """The dispatcher dies; with ``lose_step`` before this step's commit."""

@@ -1,0 +1,72 @@
+"""Queue kinds over the wire: overflow policies (and what else the queue-kinds issue
+adds). Real sockets, a real LMDB journal, an embedded dispatcher."""
+
+from __future__ import annotations
+
+import pytest
+
+import zq
+from zq.config import Config
+from zq.core.settings import QueueSettings
+
+from .support import wait_until
+
+
+def dispatcher_with(tmp_path, *queues: QueueSettings):  # type: ignore[no-untyped-def]
+    return zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], queues=list(queues))).start()
+
+
+def test_flow_control_withholds_confirmations_until_the_queue_drains(tmp_path):
+    d = dispatcher_with(tmp_path, QueueSettings(name="jobs", max_depth=5, overflow="flow-control", resume_percent=60))
+    try:
+        with zq.connect(d.inproc) as c:
+            c.publish_many("jobs", [f"m{i}" for i in range(5)])
+            late = c.publish_async("jobs", b"sixth")
+            # A stats reply that counts the sixth comes after its confirmation would have.
+            wait_until(lambda: c.stats()["queues"]["jobs"]["published"] == 6, what="the sixth journaled")
+            assert not late.done()
+            assert c.stats()["queues"]["jobs"]["overflow"]["over"] is True
+            with c.subscribe("jobs", max_backlog=10) as sub:
+                for _ in range(3):
+                    sub.get(5).ack()
+                assert late.result(10) > 0  # 3 of 5 held: at 60 % the confirmation flows
+    finally:
+        d.stop()
+
+
+def test_reject_and_ring_over_the_wire(tmp_path):
+    d = dispatcher_with(tmp_path, QueueSettings(name="strict", max_depth=2),
+                        QueueSettings(name="ticks", max_depth=2, overflow="ring", dead_letter="ticks.old"))
+    try:
+        with zq.connect(d.inproc) as c:
+            c.publish_many("strict", ["a", "b"])
+            with pytest.raises(zq.LimitError) as err:
+                c.publish("strict", b"c")
+            assert err.value.code == "queue-full" and "overflow = reject" in str(err.value)
+            c.publish_many("ticks", ["1", "2", "3", "4"])
+            assert [m["payload"] for m in c.peek("ticks")] == [b"3", b"4"]
+            wait_until(lambda: c.stats()["queues"]["ticks.old"]["depth"] == 2, what="dropped ticks dead-lettered")
+            assert {m["headers"]["zq.reason"] for m in c.peek("ticks.old")} == {"overflow"}
+    finally:
+        d.stop()
+
+
+def test_a_last_value_queue_over_the_wire_and_across_a_restart(tmp_path):
+    from .support import ServerProcess
+
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "prices"\nlvq_key = "symbol"\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with zq.connect(server.endpoint) as c:
+            for sym, px in [("A", "1"), ("B", "5"), ("A", "2"), ("A", "3")]:
+                c.publish("prices", px, headers={"symbol": sym})
+            latest = {m["headers"]["symbol"]: m["payload"] for m in c.peek("prices")}
+            assert latest == {"A": b"3", "B": b"5"}  # browsing shows the latest value per key
+            assert c.stats()["queues"]["prices"]["replaced"] == 2
+        server.kill()
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            assert [m["payload"] for m in c.peek("prices")] == [b"5", b"3"]
+    finally:
+        server.terminate()
