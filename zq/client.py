@@ -155,13 +155,16 @@ class Message:
         return self.headers.get("group")
 
     def ack(self) -> None:
-        self._sub._settle("ack", self)
+        if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
+            self._sub._settle("ack", self)
 
     def cancel(self) -> None:
-        self._sub._settle("cancel", self)
+        if self.deliveries:
+            self._sub._settle("cancel", self)
 
     def expire(self) -> None:
-        self._sub._settle("expire", self)
+        if self.deliveries:
+            self._sub._settle("expire", self)
 
     def extend(self, seconds: float) -> None:
         self._sub._extend(self, int(seconds * 1000))

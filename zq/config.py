@@ -78,6 +78,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dedup_window: str = "24h"
     leasing: str = "strict"
     lvq_key: str | None = None
+    barrier: str | None = None
     max_depth: int = 0
     max_bytes: str | int = 0
     overflow: str = "reject"
@@ -175,6 +176,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         dedup_window_ms=duration_ms(q.dedup_window, f"{where}.dedup_window"),
         leasing=q.leasing,
         lvq_key=q.lvq_key,
+        barrier=q.barrier,
         max_depth=q.max_depth,
         max_bytes=size_bytes(q.max_bytes, f"{where}.max_bytes") if q.max_bytes else 0,
         overflow=q.overflow,

@@ -70,3 +70,26 @@ def test_a_last_value_queue_over_the_wire_and_across_a_restart(tmp_path):
             assert [m["payload"] for m in c.peek("prices")] == [b"5", b"3"]
     finally:
         server.terminate()
+
+
+def test_a_barrier_over_the_wire_reaches_every_subscriber_after_everything_before_it(tmp_path):
+    d = dispatcher_with(tmp_path, QueueSettings(name="orders", barrier="kind = 'end-of-day'"))
+    try:
+        with zq.connect(d.endpoint) as c, zq.connect(d.endpoint) as c2:
+            c.publish_many("orders", ["o1", "o2"], headers={"kind": "order"})
+            c.publish("orders", b"EOD", headers={"kind": "end-of-day"})
+            c.publish("orders", b"o3", headers={"kind": "order"})
+            with c.subscribe("orders", max_backlog=5) as a, c2.subscribe("orders", max_backlog=5) as b:
+                first = [m for m in (a.get(2), b.get(0.2), a.get(0.2), b.get(0.2)) if m is not None]
+                assert sorted(m.data for m in first) == [b"o1", b"o2"]  # EOD and o3 wait
+                for m in first:
+                    m.ack()
+                eod_a, eod_b = a.get(5), b.get(5)
+                assert (eod_a.data, eod_a.deliveries, eod_b.data) == (b"EOD", 0, b"EOD")  # to both, no lease
+                eod_a.ack()  # nothing to settle: a no-op
+                after = a.get(2) or b.get(2)
+                assert after.data == b"o3"
+                after.ack()
+            assert c.stats()["queues"]["orders"]["barriers"] == {"waiting": 0, "released": 1}
+    finally:
+        d.stop()

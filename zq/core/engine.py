@@ -243,7 +243,9 @@ class Engine(ManagementMixin):
                 self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
-            if q.grouped:
+            if q.barrier_fn is not None:
+                self.enqueue_with_barriers(q, topic, items, first)
+            elif q.grouped:
                 header = q.settings.group_header
                 for i, (payload, headers, _) in enumerate(items):
                     if accept is not None and not accept(headers, payload, topic):
@@ -265,6 +267,24 @@ class Engine(ManagementMixin):
                 self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
         return list(range(first, first + len(items)))
+
+    def enqueue_with_barriers(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
+                              first: int) -> None:
+        """Enqueue on a queue with a barrier expression: barrier messages are never grouped."""
+        accept, header = q.filter, q.settings.group_header
+        for i, (payload, headers, _) in enumerate(items):
+            if accept is not None and not accept(headers, payload, topic):
+                continue
+            self.enqueue_one(q, first + i, headers, payload, topic, header)
+
+    def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
+                    header: str | None) -> None:
+        if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
+            q.enqueue(seq, 0)
+            q.barriers.append(seq)
+            return
+        name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
+        q.enqueue(seq, q.group_id(name) if name is not None else 0)
 
     def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
         """overflow = "reject": refuse the whole batch before anything is journaled."""
@@ -300,6 +320,11 @@ class Engine(ManagementMixin):
     def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
         counts toward the queue's limits (ring queues make room)."""
+        if q.barrier_fn is not None:
+            m = self.message(seq)
+            if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
+                gid = 0
+                q.barriers.append(seq)
         q.enqueue(seq, gid)
         if q.lvq_fn is not None:
             m = self.message(seq)
@@ -583,6 +608,9 @@ class Engine(ManagementMixin):
         for q in self.queues.values():
             self.flush_events(q)
         for sub in self.subs.values():
+            if sub.barrier_out:  # before anything later in the same step
+                seqs, sub.barrier_out = sub.barrier_out, []
+                self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, [0] * len(seqs)))
             if sub.out_seqs:
                 seqs, deliveries = sub.queue.take_outbox(sub)
                 self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
@@ -612,7 +640,7 @@ class Engine(ManagementMixin):
             ds = [it[2] for it in items]
             self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason))
             target = q.settings.dead_letter
-            if target and reason != R.REASON_REPLACED:
+            if target and reason not in R.NOT_DEAD_LETTERED:
                 for seq, _, d, group in items:
                     self.publish_dead_letter(q, target, seq, reason, d, group)
 
@@ -703,6 +731,7 @@ class Engine(ManagementMixin):
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
                              "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
                 "replaced": q.replaced,
+                "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
@@ -802,11 +831,14 @@ class Engine(ManagementMixin):
                     if m is None or not q.filter(m.headers, m.payload, m.topic):
                         continue
                 gid = 0
-                if q.grouped:
+                barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
+                if q.grouped and not barrier:
                     name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
                 q.enqueue(msg.seq, gid)
+                if barrier:
+                    q.barriers.append(msg.seq)
                 if q.lvq_fn is not None:
                     q.lvq_admit(msg.seq, q.lvq_fn(msg.headers, msg.payload, msg.topic))
                 if q.sizes is not None:

@@ -75,7 +75,7 @@ class Subscription:
     __slots__ = (
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
-        "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive",
+        "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive", "barrier_out",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
@@ -102,6 +102,7 @@ class Subscription:
         self.pull = False
         self.lease_ms: int | None = None  # a claim's own lease period (None: the queue's)
         self.destructive = False  # the open claim removes what it takes (batch get)
+        self.barrier_out: list[int] = []  # barrier messages to send (no lease, no credit)
 
 
 class Lease:
@@ -156,6 +157,10 @@ class Queue:
         self.lvq: dict[object, int] = {}
         self.lvq_key_of: dict[int, object] = {}
         self.replaced = 0
+        # Barriers: matching messages wait for every earlier one to be acknowledged.
+        self.barrier_fn = compile_filter(s.barrier).fn if s.barrier else None
+        self.barriers: list[int] = []  # waiting barrier messages, oldest first
+        self.barriers_released = 0
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -253,6 +258,12 @@ class Queue:
                         if self.depth == 0:
                             break
                     offered = limit
+            if self.barriers:
+                held_back = self.barrier_gate(min(f, r, g))
+                if held_back is None:
+                    continue  # a barrier went out (or a stale one was dropped): look again
+                if held_back:
+                    break  # the oldest barrier waits for earlier messages to be acknowledged
             if f < r and f < g:
                 seq = f
                 gid = fifo_gid[self.head] if self.grouped else 0
@@ -407,6 +418,33 @@ class Queue:
             if s.used < s.backlog:
                 self.rr_next = (start + i + 1) % count
                 return s
+        return None
+
+    def barrier_gate(self, candidate: int) -> bool | None:
+        """Before dispatching ``candidate``: False to go on, True to stop (the oldest
+        barrier is next and earlier messages are still out), None after releasing it.
+
+        Nothing later than a waiting barrier goes before it; it goes once everything
+        earlier is acknowledged, to every subscriber whose filter matches (no lease,
+        no credit), and leaves the queue.
+        """
+        b = self.barriers[0]
+        if b in self.removed or b <= self.expired_watermark or b < candidate:
+            self.barriers.pop(0)  # purged, expired or otherwise gone: no longer a barrier
+            return None
+        if candidate < b:
+            return False
+        if self.lease_of and min(self.lease_of) < b:
+            return True
+        self.barriers.pop(0)
+        self.head += 1  # ungrouped and never leased: it is the fifo's head
+        self.depth -= 1
+        for sub in self.subs:
+            if sub.match is None or sub.match(b):
+                sub.barrier_out.append(b)
+        self.finish(b, 0)
+        self.barriers_released += 1
+        self.expired_out.append((b, R.REASON_BARRIER, 0, None))
         return None
 
     def choose_for(self, grp: Group | None, seq: int) -> Subscription | None:

@@ -32,7 +32,9 @@ REASON_MAX_DELIVERIES = "max-deliveries"
 REASON_EXPIRED = "expired"
 REASON_REQUESTED = "expire-requested"
 REASON_OVERFLOW = "overflow"
-REASON_REPLACED = "replaced"  # a last-value queue kept a newer message of the same key (not dead-lettered)
+REASON_REPLACED = "replaced"
+REASON_BARRIER = "barrier"  # a barrier message was delivered to every matching subscriber and left
+NOT_DEAD_LETTERED = (REASON_REPLACED, REASON_BARRIER)  # a last-value queue kept a newer message of the same key (not dead-lettered)
 
 
 class Message(msgspec.Struct, array_like=True, gc=False, tag="m"):

@@ -36,6 +36,7 @@ class QueueView:
     acked: set[int] = field(default_factory=set)
     held: dict[int, str] = field(default_factory=dict)  # seq -> consumer holding it
     delivered_once: set[int] = field(default_factory=set)
+    barriers: set[int] = field(default_factory=set)  # barrier messages not yet released
 
 
 class Oracle:
@@ -68,6 +69,10 @@ class Oracle:
                 if not q.filter(content.headers, content.payload, content.topic):
                     continue
             view = self.queue_view(q)
+            if q.barrier_fn is not None:
+                content = engine.message(msg.seq) or msg
+                if q.barrier_fn(content.headers, content.payload, content.topic):
+                    view.barriers.add(msg.seq)
             group = None
             if q.grouped:
                 group = msg.headers.get(q.settings.group_header or "")
@@ -94,6 +99,12 @@ class Oracle:
                 view.acked.add(seq)
                 self.finish(view, seq)
             elif kind == R.EXPIRED:
+                if ev.reason == R.REASON_BARRIER:
+                    if view.barriers and min(view.barriers) != seq:
+                        raise InvariantError(f"{ev.queue}: barrier {seq} released before barrier {min(view.barriers)}")
+                    if any(s < seq for s in view.held):
+                        raise InvariantError(f"{ev.queue}: barrier {seq} released while earlier messages are out")
+                    view.barriers.discard(seq)
                 if ev.reason == R.REASON_REQUESTED:
                     view.held.pop(seq, None)  # the holder asked: its lease ends here
                 if seq in view.held and view.semantics == "at-least-once":
@@ -110,6 +121,8 @@ class Oracle:
             raise InvariantError(f"{ev.queue}: {seq} leased to {ev.consumer} while held by {view.held[seq]}")
         if seq not in view.confirmed:
             raise InvariantError(f"{ev.queue}: delivered {seq}, which was never confirmed in this queue")
+        if view.barriers and min(view.barriers) < seq:
+            raise InvariantError(f"{ev.queue}: {seq} delivered before barrier {min(view.barriers)} was released")
         group = view.confirmed[seq]
         if group is not None:
             self.check_group_order(view, ev, seq, group)
@@ -122,6 +135,7 @@ class Oracle:
     def finish(view: QueueView, seq: int) -> None:
         view.finished.add(seq)
         view.open.discard(seq)
+        view.barriers.discard(seq)  # a barrier that expired, was purged or replaced is gone too
         group = view.confirmed.get(seq)
         if group is not None:
             members = view.group_open.get(group)

@@ -82,6 +82,7 @@ class SimOptions:
                     max_depth=rng.choice([0, 0, 0, 20, 60]),
                     overflow=rng.choice(["reject", "ring", "flow-control"]),
                     lvq_key=rng.choice([None, None, None, "color"]),
+                    barrier=rng.choice([None, None, None, "color = 'green' AND group IS NULL"]),
                 )
             )
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
@@ -187,7 +188,7 @@ class Simulator:
                     if m is None or not check(m.headers, m.payload, m.topic):
                         raise InvariantError(f"{d.sub_id} with filter {w.filter!r} got non-matching {seq}: {m}")
             if not (w.pull and w.destructive):
-                w.held.extend(d.seqs)
+                w.held.extend(s for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
         self.oracle.check(self.engine)
         for s in self.options.queues:
             q = self.engine.queues[s.name]
