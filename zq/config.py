@@ -79,6 +79,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     leasing: str = "strict"
     lvq_key: str | None = None
     barrier: str | None = None
+    browse_only: bool = False
     max_depth: int = 0
     max_bytes: str | int = 0
     overflow: str = "reject"
@@ -177,6 +178,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         leasing=q.leasing,
         lvq_key=q.lvq_key,
         barrier=q.barrier,
+        browse_only=q.browse_only,
         max_depth=q.max_depth,
         max_bytes=size_bytes(q.max_bytes, f"{where}.max_bytes") if q.max_bytes else 0,
         overflow=q.overflow,

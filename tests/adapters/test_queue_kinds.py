@@ -93,3 +93,21 @@ def test_a_barrier_over_the_wire_reaches_every_subscriber_after_everything_befor
             assert c.stats()["queues"]["orders"]["barriers"] == {"waiting": 0, "released": 1}
     finally:
         d.stop()
+
+
+def test_browse_only_over_the_wire(tmp_path):
+    d = dispatcher_with(tmp_path, QueueSettings(name="feed", browse_only=True))
+    try:
+        with zq.connect(d.endpoint) as c, zq.connect(d.endpoint) as c2:
+            c.publish_many("feed", ["a", "b", "c"])
+            with c.subscribe("feed", max_backlog=2) as one, c2.subscribe("feed", max_backlog=5) as two:
+                seen_one = []
+                for _ in range(3):
+                    m = one.get(5)
+                    seen_one.append(m.data)
+                    m.ack()  # returns credit; the message stays
+                seen_two = [two.get(5).data for _ in range(3)]
+            assert seen_one == seen_two == [b"a", b"b", b"c"]
+            assert c.stats()["queues"]["feed"]["depth"] == 3
+    finally:
+        d.stop()

@@ -613,7 +613,8 @@ class Engine(ManagementMixin):
                 self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, [0] * len(seqs)))
             if sub.out_seqs:
                 seqs, deliveries = sub.queue.take_outbox(sub)
-                self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
+                if not sub.queue.browse:  # browsing leases nothing: no event
+                    self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
                 self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, deliveries))
                 if sub.destructive:
                     self.ack(sub.sub_id, seqs, now)  # a destructive claim: gone before it is sent

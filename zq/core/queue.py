@@ -76,6 +76,7 @@ class Subscription:
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
         "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive", "barrier_out",
+        "browse_cursor", "browse_out",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
@@ -103,6 +104,8 @@ class Subscription:
         self.lease_ms: int | None = None  # a claim's own lease period (None: the queue's)
         self.destructive = False  # the open claim removes what it takes (batch get)
         self.barrier_out: list[int] = []  # barrier messages to send (no lease, no credit)
+        self.browse_cursor = 0  # browse_only queues: every message below this was offered
+        self.browse_out: set[int] = set()  # browse_only: sent, not yet settled (credit only)
 
 
 class Lease:
@@ -144,7 +147,7 @@ class Queue:
         self.at_most_once = s.semantics == "at-most-once"
         self.fairness = s.effective_fairness()
         self.exclusive = s.group_policy == "exclusive"
-        self.grouped = bool(s.group_header)
+        self.grouped = bool(s.group_header) and not s.browse_only  # browsers ignore groups: nothing is leased
         self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
         # Overflow (max_depth / max_bytes): sizes are kept only when max_bytes is set.
         self.limited = bool(s.max_depth or s.max_bytes)
@@ -161,6 +164,7 @@ class Queue:
         self.barrier_fn = compile_filter(s.barrier).fn if s.barrier else None
         self.barriers: list[int] = []  # waiting barrier messages, oldest first
         self.barriers_released = 0
+        self.browse = s.browse_only
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -236,6 +240,9 @@ class Queue:
         """Hand waiting messages to subscriptions with credit, oldest first."""
         self.dirty = False
         if not self.subs or self.depth == 0:
+            return
+        if self.browse:
+            self.dispatch_browse()
             return
         fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
         returned, ready, removed = self.returned, self.ready, self.removed
@@ -418,6 +425,50 @@ class Queue:
             if s.used < s.backlog:
                 self.rr_next = (start + i + 1) % count
                 return s
+        return None
+
+    def dispatch_browse(self) -> None:
+        """browse_only: each subscription walks the messages in order from its own cursor;
+        nothing is leased and nothing leaves. Credit bounds what is in flight to it."""
+        if len(self.removed) > 1024 and len(self.removed) * 2 > len(self.fifo) - self.head:
+            self.compact_removed()
+        fifo, removed = self.fifo, self.removed
+        for sub in self.subs:
+            if sub.used >= sub.backlog:
+                continue
+            i = bisect_left(fifo, max(sub.browse_cursor, 0), lo=self.head)
+            n = len(fifo)
+            while i < n and sub.used < sub.backlog:
+                seq = fifo[i]
+                i += 1
+                sub.browse_cursor = seq + 1
+                if seq in removed or (sub.match is not None and not sub.match(seq)):
+                    continue
+                sub.out_seqs.append(seq)
+                sub.out_deliveries.append(1)
+                sub.browse_out.add(seq)
+                sub.used += 1
+                self.delivered += 1
+
+    def compact_removed(self) -> None:
+        """Take removed messages (LVQ replacements, purges) out of the fifo's middle: in a
+        browse queue nothing else ever moves them to the front."""
+        live = array("Q")
+        removed = self.removed
+        for seq in self.fifo[self.head:]:
+            if seq in removed:
+                self.drop_removed(seq, 0)
+            else:
+                live.append(seq)
+        self.fifo, self.head = live, 0
+
+    def browse_settle(self, sub: Subscription, seq: int) -> str | None:
+        """A browser settles a message: only its credit comes back."""
+        if seq not in sub.browse_out:
+            return "not-leased"
+        sub.browse_out.discard(seq)
+        sub.used -= 1
+        self.dirty = True
         return None
 
     def barrier_gate(self, candidate: int) -> bool | None:
@@ -740,6 +791,8 @@ class Queue:
 
     def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
         """Returns None when acknowledged, else the reason it was refused."""
+        if self.browse:
+            return self.browse_settle(sub, seq)
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             if lease is None and self.settings.allow_ack_unleased and self.remove_available(seq):
@@ -756,6 +809,8 @@ class Queue:
         return None
 
     def cancel(self, sub: Subscription, seq: int) -> str | None:
+        if self.browse:
+            return self.browse_settle(sub, seq)
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"
@@ -776,6 +831,8 @@ class Queue:
         return None
 
     def expire_request(self, sub: Subscription, seq: int) -> str | None:
+        if self.browse:
+            return self.browse_settle(sub, seq)  # browsers do not remove messages
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"

@@ -36,6 +36,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     allow_ack_unleased: bool = False  # may a subscriber ack an available (unleased) message?
     start_seq: int = 0  # journal position the queue starts from when first declared
     filter: str | None = None  # expression: which messages of the topics enter the queue
+    browse_only: bool = False  # every subscriber sees every message; none leaves by acks
     barrier: str | None = None  # expression: matching messages are barriers (see the protocol spec)
     lvq_key: str | None = None  # last-value queue: a header name or /body/path; a newer message replaces
     max_depth: int = 0  # messages in the queue (waiting + leased); 0: no limit
@@ -71,6 +72,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         for key in ("max_cancels", "max_deliveries"):
             if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
+        if self.browse_only and (self.semantics != "at-least-once" or self.barrier):
+            raise ConfigError(f"{where}: browse_only queues are at-least-once and take no barrier")
         if self.barrier is not None:
             try:
                 compile_filter(self.barrier)

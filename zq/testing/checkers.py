@@ -37,6 +37,7 @@ class QueueView:
     held: dict[int, str] = field(default_factory=dict)  # seq -> consumer holding it
     delivered_once: set[int] = field(default_factory=set)
     barriers: set[int] = field(default_factory=set)  # barrier messages not yet released
+    browse: bool = False  # browse_only: nothing is leased, messages stay until they expire
 
 
 class Oracle:
@@ -47,7 +48,8 @@ class Oracle:
     def queue_view(self, q: Queue) -> QueueView:
         view = self.queues.get(q.name)
         if view is None:
-            view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy)
+            view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy,
+                                                   browse=q.settings.browse_only)
         return view
 
     # ------------------------------------------------------------ feeding
@@ -199,6 +201,10 @@ class Oracle:
             for sub in q.subs:
                 if sub.used > sub.backlog:
                     raise InvariantError(f"{name}: {sub.sub_id} holds {sub.used} > backlog {sub.backlog}")
+                if view.browse:
+                    if len(sub.browse_out) != sub.used:
+                        raise InvariantError(f"{name}: browser {sub.sub_id} used {sub.used} != {len(sub.browse_out)} out")
+                    continue
                 if held_by.get(sub.consumer, 0) != sub.used:
                     raise InvariantError(
                         f"{name}: engine says {sub.consumer} holds {sub.used}, journal says {held_by.get(sub.consumer, 0)}"
@@ -214,7 +220,7 @@ class Oracle:
                         raise InvariantError(f"{name}: exclusive group {g!r} held by {sorted(who)}")
 
     def unfinished(self) -> dict[str, list[int]]:
-        return {name: sorted(view.open) for name, view in self.queues.items() if view.open}
+        return {name: sorted(view.open) for name, view in self.queues.items() if view.open and not view.browse}
 
 
 def check_engine(engine: Engine) -> None:
@@ -228,8 +234,9 @@ def check_engine(engine: Engine) -> None:
             if seq not in q.meta:
                 raise InvariantError(f"{q.name}: leased {seq} has no delivery counters")
         for s in q.subs:
-            if used[s.sub_id] != s.used:
-                raise InvariantError(f"{q.name}: {s.sub_id} used={s.used} but holds {used[s.sub_id]} leases")
+            held = len(s.browse_out) if q.browse else used[s.sub_id]  # browsers hold credit, not leases
+            if held != s.used:
+                raise InvariantError(f"{q.name}: {s.sub_id} used={s.used} but holds {held} leases")
             if engine.subs.get(s.sub_id) is not s:
                 raise InvariantError(f"{q.name}: subscription {s.sub_id} unknown to the engine")
         inflight: dict[int, int] = {}

@@ -23,6 +23,8 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+import msgspec
+
 from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.errors import QueueFullError, ZqError
@@ -85,6 +87,8 @@ class SimOptions:
                     barrier=rng.choice([None, None, None, "color = 'green' AND group IS NULL"]),
                 )
             )
+            if semantics == "at-least-once" and rng.random() < 0.15:
+                queues[-1] = msgspec.structs.replace(queues[-1], browse_only=True, barrier=None)
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
         ngroups = rng.choice([1, 3, 10])
         return cls(
@@ -131,6 +135,7 @@ class Simulator:
         self.worker_serial = 0
         self.trace = hashlib.sha256()
         self.crashes = 0
+        self.delivered = 0  # every message sent to a worker (leased, browsed or a barrier)
         self.step_no = 0
 
     # ------------------------------------------------------------- running
@@ -179,6 +184,7 @@ class Simulator:
             self.trace.update(repr(rec).encode())
         self.oracle.committed(self.engine, out.records)
         for d in out.deliveries:
+            self.delivered += len(d.seqs)
             w = self.workers_by_sub().get(d.sub_id)
             assert w is not None, f"delivery to unknown subscription {d.sub_id}"
             if w.filter is not None:
