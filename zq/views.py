@@ -15,8 +15,9 @@ def stats_table(st: dict) -> Table:
         table.add_column(col, justify="left" if col == "queue" else "right")
     for name, q in sorted(st.get("queues", {}).items()):
         consumers = q.get("consumers", [])
+        kind = q.get("kind")
         table.add_row(
-            name, str(q["depth"]), str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
+            f"{name} ({kind})" if kind else name, str(q["depth"]), str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
             str(q["expired"]), str(q["dead_lettered"]), str(q["groups"]),
             f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
         )

@@ -64,6 +64,7 @@ def test_a_last_value_queue_over_the_wire_and_across_a_restart(tmp_path):
             latest = {m["headers"]["symbol"]: m["payload"] for m in c.peek("prices")}
             assert latest == {"A": b"3", "B": b"5"}  # browsing shows the latest value per key
             assert c.stats()["queues"]["prices"]["replaced"] == 2
+            assert c.stats()["queues"]["prices"]["kind"] == "lvq"  # zq stats shows "prices (lvq)"
         server.kill()
         server.start()
         with zq.connect(server.endpoint) as c:

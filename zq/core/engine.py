@@ -732,6 +732,7 @@ class Engine(ManagementMixin):
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
                              "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
                 "replaced": q.replaced,
+                "kind": queue_kind(q.settings),
                 "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
@@ -883,6 +884,20 @@ def expire_exhausted(q: Queue) -> None:
             q.remove_available(seq)
             q.expired_out.append((seq, R.REASON_MAX_DELIVERIES, q.deliveries_of(seq), q.group_name_of(seq)))
             q.expired += 1
+
+
+def queue_kind(s: QueueSettings) -> str:
+    """A short label of a queue's kind for operators (``zq stats``): "" for a plain FIFO."""
+    parts = []
+    if s.browse_only:
+        parts.append("browse")
+    if s.lvq_key:
+        parts.append("lvq")
+    if s.barrier:
+        parts.append("barrier")
+    if s.max_depth or s.max_bytes:
+        parts.append(s.overflow)
+    return ",".join(parts)
 
 
 def check_message(topic: str, payload: bytes, headers: dict[str, str]) -> None:

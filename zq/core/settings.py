@@ -74,16 +74,13 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
         if self.browse_only and (self.semantics != "at-least-once" or self.barrier):
             raise ConfigError(f"{where}: browse_only queues are at-least-once and take no barrier")
-        if self.barrier is not None:
-            try:
-                compile_filter(self.barrier)
-            except ExprError as e:
-                raise ConfigError(f"{where}: barrier: {e}") from None
-        if self.lvq_key is not None:
-            try:
-                compile_value(self.lvq_key)
-            except ExprError as e:
-                raise ConfigError(f"{where}: lvq_key: {e}") from None
+        for key, compile_ in (("filter", compile_filter), ("barrier", compile_filter), ("lvq_key", compile_value)):
+            text = getattr(self, key)
+            if text is not None:
+                try:
+                    compile_(text)
+                except ExprError as e:
+                    raise ConfigError(f"{where}: {key}: {e}") from None
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
         if self.max_depth < 0 or self.max_bytes < 0:
@@ -98,11 +95,6 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: expiration must not be negative")
         if not 1 <= self.max_groups <= 1 << 31:
             raise ConfigError(f"{where}: max_groups must be 1..2**31")
-        if self.filter is not None:
-            try:
-                compile_filter(self.filter)
-            except ExprError as e:
-                raise ConfigError(f"{where}: filter: {e}") from None
         return self
 
 
