@@ -59,6 +59,8 @@ def test_a_worker_killed_mid_batch_has_its_messages_redelivered_to_the_others(se
     with Client(server.endpoint) as c:
         bookmarks = c.publish_many("jobs", [f"m{i}" for i in range(50)])
         wait_until(lambda: c.stats()["queues"]["jobs"]["leased"] == 20, what="holder to take 20")
+        # Leased on the server is not yet received and logged by the holder: wait for that too.
+        wait_until(lambda: len(holder.log.read_text().splitlines()) >= 21, what="holder to log its 20")
         held = [int(line.split()[0]) for line in holder.log.read_text().splitlines()[1:]]
         assert held == bookmarks[:20]
         holder.kill()  # SIGKILL: no BYE; the connection drop or heartbeats must find it
