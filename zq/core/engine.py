@@ -81,6 +81,7 @@ class Engine(ManagementMixin):
         self.step_ids: dict[tuple[str, str], tuple[int, int]] = {}
         self.duplicates = 0
         self.notices: list[str] = []  # operator-worthy changes (overflow breaches); the adapter logs them
+        self.over_limit: set[str] = set()  # queues in an overflow breach (checked each drain)
         # The content port: reads a journaled message by bookmark (filters need it).
         # Messages of the current step are not journaled yet; ``message`` finds those
         # in ``records``.
@@ -294,6 +295,7 @@ class Engine(ManagementMixin):
             if not q.blocked:
                 q.blocked = True
                 q.breaches += 1
+                self.over_limit.add(q.name)
                 self.notices.append(f"queue {q.name!r} is full: publishes are refused (overflow = reject)")
             s = q.settings
             raise QueueFullError(f"queue {q.name!r} is full ({q.held()} messages of max_depth {s.max_depth or '-'}, "
@@ -311,6 +313,7 @@ class Engine(ManagementMixin):
         if not q.blocked:
             q.blocked = True
             q.breaches += 1
+            self.over_limit.add(q.name)
             action = {"ring": "the oldest are dropped", "flow-control": "confirmations are withheld"}.get(
                 q.settings.overflow, "publishes are refused")
             self.notices.append(f"queue {q.name!r} reached its limit: {action}")
@@ -342,12 +345,16 @@ class Engine(ManagementMixin):
     def check_overflow_ends(self) -> None:
         """A breach ends when the queue is back under its limits (flow-control: under
         ``resume_percent`` of them); logged once, like its start."""
-        for q in self.queues.values():
-            if q.blocked:
-                percent = q.settings.resume_percent if q.settings.overflow == "flow-control" else 100
-                if not q.over_limit(percent):
-                    q.blocked = False
-                    self.notices.append(f"queue {q.name!r} is back under its limits")
+        for name in list(self.over_limit):
+            q = self.queues.get(name)
+            if q is None:  # deleted
+                self.over_limit.discard(name)
+                continue
+            percent = q.settings.resume_percent if q.settings.overflow == "flow-control" else 100
+            if not q.over_limit(percent):
+                q.blocked = False
+                self.over_limit.discard(name)
+                self.notices.append(f"queue {q.name!r} is back under its limits")
 
     def withheld(self, topic: str) -> list[str]:
         """Flow-control queues over their limits among those ``topic`` feeds: a publish
