@@ -151,39 +151,31 @@ class Config(msgspec.Struct, kw_only=True):
         return cfg
 
 
+# Config keys with units -> (QueueSettings field, converter); a falsy value means 0 (none).
+_CONVERTED = {
+    "lease": ("lease_ms", duration_ms),
+    "expiration": ("expiration_ms", duration_ms),
+    "dedup_window": ("dedup_window_ms", duration_ms),
+    "max_bytes": ("max_bytes", size_bytes),
+}
+
+
 def queue_settings(q: QueueSection, where: str) -> QueueSettings:
     try:
         if q.topics is not None:
             re.compile(q.topics)
     except re.error as exc:
         raise ConfigError(f"{where}.topics: bad regex {q.topics!r}: {exc}") from None
-    settings = QueueSettings(
-        name=q.name,
-        topics=q.topics,
-        publish_to=q.publish_to,
-        semantics=q.semantics,
-        fairness=q.fairness,
-        lease_ms=duration_ms(q.lease, f"{where}.lease"),
-        max_per_subscription_backlog=q.max_per_subscription_backlog,
-        max_cancels=q.max_cancels,
-        max_deliveries=q.max_deliveries,
-        expiration_ms=duration_ms(q.expiration, f"{where}.expiration") if q.expiration else 0,
-        dead_letter=q.dead_letter,
-        group_header=q.group_header or None,
-        group_policy=q.group_policy,
-        max_groups=q.max_groups,
-        allow_ack_unleased=q.allow_ack_unleased,
-        filter=q.filter,
-        dedup_window_ms=duration_ms(q.dedup_window, f"{where}.dedup_window"),
-        leasing=q.leasing,
-        lvq_key=q.lvq_key,
-        barrier=q.barrier,
-        browse_only=q.browse_only,
-        max_depth=q.max_depth,
-        max_bytes=size_bytes(q.max_bytes, f"{where}.max_bytes") if q.max_bytes else 0,
-        overflow=q.overflow,
-        resume_percent=q.resume_percent,
-    )
+    kwargs = {}
+    for key in QueueSection.__struct_fields__:  # same-named keys copy; units are converted
+        value = getattr(q, key)
+        if key in _CONVERTED:
+            name, convert = _CONVERTED[key]
+            kwargs[name] = convert(value, f"{where}.{key}") if value else 0
+        else:
+            kwargs[key] = value
+    kwargs["group_header"] = q.group_header or None
+    settings = QueueSettings(**kwargs)
     try:
         return settings.validate()
     except ConfigError as exc:
