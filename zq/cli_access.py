@@ -249,6 +249,9 @@ def register_management(app: typer.Typer) -> None:
         group_policy: str = typer.Option("sequenced", "--group-policy"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="which messages of the topics enter"),
         lvq_key: Optional[str] = typer.Option(None, "--lvq-key", help="last-value queue key (header or /body/path)"),
+        priority: Optional[str] = typer.Option(None, "--priority", help="priority expression, e.g. '/price * /qty'"),
+        sort_key: Optional[str] = typer.Option(None, "--sort-key", help="deliver in ascending order of this key"),
+        target_queue_depth: int = typer.Option(0, "--target-queue-depth", help="messages kept in memory (0: all)"),
         max_depth: int = typer.Option(0, "--max-depth", help="messages held at most (0: no limit)"),
         max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="payload bytes held at most, e.g. 512MiB"),
         overflow: str = typer.Option("reject", "--overflow", help="reject | ring | flow-control"),
@@ -260,7 +263,8 @@ def register_management(app: typer.Typer) -> None:
             "max_per_subscription_backlog": max_backlog, "max_cancels": max_cancels,
             "max_deliveries": max_deliveries, "expiration": expiration, "dead_letter": dead_letter,
             "group_header": group_header, "group_policy": group_policy, "filter": filter,
-            "lvq_key": lvq_key, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
+            "lvq_key": lvq_key, "priority": priority, "sort_key": sort_key,
+            "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))

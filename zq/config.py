@@ -80,6 +80,9 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     lvq_key: str | None = None
     barrier: str | None = None
     browse_only: bool = False
+    priority: str | None = None
+    sort_key: str | None = None
+    target_queue_depth: int = 0
     max_depth: int = 0
     max_bytes: str | int = 0
     overflow: str = "reject"

@@ -112,3 +112,39 @@ def test_browse_only_over_the_wire(tmp_path):
             assert c.stats()["queues"]["feed"]["depth"] == 3
     finally:
         d.stop()
+
+
+def test_priority_and_sorted_queues_over_the_wire_and_across_a_restart(tmp_path):
+    from .support import ServerProcess
+
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "orders"\npriority = "/price * /qty"\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    orders = [(10, 5), (2, 100), (99, 1), (10, 50)]  # notional 50, 200, 99, 500
+    try:
+        with zq.connect(server.endpoint) as c:
+            c.create_queue("events", sort_key="ts")  # a run-time queue survives restarts too
+            for price, qty in orders:
+                c.publish("orders", f'{{"price": {price}, "qty": {qty}}}')
+            for ts in ["2026-11-22T10:00:03", "2026-11-22T10:00:01", "2026-11-22T10:00:02"]:
+                c.publish("events", ts, headers={"ts": ts})
+            assert c.stats()["queues"]["orders"]["kind"] == "priority"
+            with c.subscribe("orders", max_backlog=1) as sub:
+                top = sub.get(5)
+                assert top.data == b'{"price": 10, "qty": 50}'
+                top.ack()
+                held = sub.get(5)  # 2 x 100, leased when the server dies
+                assert held.data == b'{"price": 2, "qty": 100}'
+        server.kill()
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            assert [m["payload"] for m in c.peek("orders")] == [
+                b'{"price": 2, "qty": 100}', b'{"price": 99, "qty": 1}', b'{"price": 10, "qty": 5}']
+            with c.subscribe("events", max_backlog=3) as sub:
+                got = [sub.get(5) for _ in range(3)]
+                assert [m.data for m in got] == [b"2026-11-22T10:00:01", b"2026-11-22T10:00:02", b"2026-11-22T10:00:03"]
+                for m in got:
+                    m.ack()
+            assert c.stats()["queues"]["events"]["kind"] == "sorted"
+    finally:
+        server.terminate()

@@ -32,18 +32,24 @@ def test_crashes_and_worker_deaths_are_actually_injected():
 
 @pytest.mark.parametrize(
     "bug",
-    ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message"],
+    ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
+     "ordered-queue-ignores-rank"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
     if bug == "sequenced-group-ignores-inflight":
         monkeypatch.setattr(Queue, "group_can_go", lambda self, grp: True)
+    elif bug == "ordered-queue-ignores-rank":
+        original_enqueue = Queue.enqueue_ranked
+        monkeypatch.setattr(Queue, "enqueue_ranked", lambda self, seq, gid, key: original_enqueue(self, seq, gid, seq))
     elif bug == "ack-forgets-to-finish":
         original = Queue.ack
 
         def ack(self, sub, seq, now_ms=0):
             result = original(self, sub, seq, now_ms)
             if result is None and seq % 5 == 0:
+                if self.ordered:
+                    self.ranks[seq] = seq  # what finish() forgot
                 self.put_back(seq, self.meta.get(seq, 0) or 1)  # acked, yet back in the queue
             return result
 

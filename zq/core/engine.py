@@ -244,8 +244,8 @@ class Engine(ManagementMixin):
                 self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
-            if q.barrier_fn is not None:
-                self.enqueue_with_barriers(q, topic, items, first)
+            if q.barrier_fn is not None or q.ordered:
+                self.enqueue_each(q, topic, items, first)
             elif q.grouped:
                 header = q.settings.group_header
                 for i, (payload, headers, _) in enumerate(items):
@@ -269,9 +269,9 @@ class Engine(ManagementMixin):
         self.published += len(items)
         return list(range(first, first + len(items)))
 
-    def enqueue_with_barriers(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
-                              first: int) -> None:
-        """Enqueue on a queue with a barrier expression: barrier messages are never grouped."""
+    def enqueue_each(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
+                     first: int) -> None:
+        """Enqueue one by one on a queue that judges each message (barrier, priority, sort key)."""
         accept, header = q.filter, q.settings.group_header
         for i, (payload, headers, _) in enumerate(items):
             if accept is not None and not accept(headers, payload, topic):
@@ -285,7 +285,8 @@ class Engine(ManagementMixin):
             q.barriers.append(seq)
             return
         name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
-        q.enqueue(seq, q.group_id(name) if name is not None else 0)
+        level = q.level_fn(headers, payload, topic) if q.level_fn is not None else 0
+        q.enqueue(seq, q.group_id(name) if name is not None else 0, level)
 
     def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
         """overflow = "reject": refuse the whole batch before anything is journaled."""
@@ -328,7 +329,12 @@ class Engine(ManagementMixin):
             if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
                 gid = 0
                 q.barriers.append(seq)
-        q.enqueue(seq, gid)
+        level = 0
+        if q.level_fn is not None:
+            m = self.message(seq)
+            if m is not None:
+                level = q.level_fn(m.headers, m.payload, m.topic)
+        q.enqueue(seq, gid, level)
         if q.lvq_fn is not None:
             m = self.message(seq)
             if m is not None:
@@ -586,11 +592,11 @@ class Engine(ManagementMixin):
         if not e or not q.depth or not self.ti_ms:
             return None
         best = None
-        oldest = q.oldest_waiting_ungrouped()
+        oldest = None if q.ordered else q.oldest_waiting_ungrouped()  # ordered: the sweep finds them
         if oldest is not None:
             i = bisect_right(self.ti_seq, oldest) - 1
             best = self.ti_ms[i] + e if i >= 0 else self.now_ms + e
-        if q.ready or q.groups and q.any_group_pending():
+        if q.ready or q.groups and q.any_group_pending() or q.ordered and q.returned:
             sweep = max(q.group_sweep_due_ms, self.now_ms + 1)
             best = sweep if best is None else min(best, sweep)
         return best
@@ -845,7 +851,12 @@ class Engine(ManagementMixin):
                     name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
-                q.enqueue(msg.seq, gid)
+                level = 0
+                if q.level_fn is not None:
+                    m = msg if msg.copy_of is None else eng.message(msg.seq)
+                    if m is not None:
+                        level = q.level_fn(m.headers, m.payload, m.topic)
+                q.enqueue(msg.seq, gid, level)
                 if barrier:
                     q.barriers.append(msg.seq)
                 if q.lvq_fn is not None:
@@ -896,6 +907,12 @@ def expire_exhausted(q: Queue) -> None:
 def queue_kind(s: QueueSettings) -> str:
     """A short label of a queue's kind for operators (``zq stats``): "" for a plain FIFO."""
     parts = []
+    if s.priority:
+        parts.append("priority")
+    if s.sort_key:
+        parts.append("sorted")
+    if s.target_queue_depth:
+        parts.append(f"tqd={s.target_queue_depth}")
     if s.browse_only:
         parts.append("browse")
     if s.lvq_key:

@@ -94,7 +94,7 @@ class ManagementMixin:
                 _, m = q.release(seq)
                 q.finish(seq, m >> 32)
                 q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
-            elif q.remove_available(seq):
+            elif q.remove_available(seq, known_waiting=True):
                 q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
             else:
                 continue

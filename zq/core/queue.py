@@ -58,6 +58,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
 from zq.core.expr import compile_filter, compile_value
+from zq.core.ordering import SEQ_MASK, level_function, priority_level, sort_level
 from zq.core.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -67,6 +68,14 @@ _D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63
 _C_ONE = 1 << 16
 _G_SHIFT = 32
 _COMPACT_MIN = 4096  # compact the fifo array once this many consumed slots lead it
+_NONE = 1 << 64  # "no candidate here": above every rank
+
+
+def heap_in_order(heap: list[int]) -> Iterator[int]:
+    """A heap's items in order, lazily: a peek at the first few of a deep heap is cheap."""
+    heap = list(heap)
+    while heap:
+        yield heapq.heappop(heap)
 
 
 class Subscription:
@@ -165,6 +174,16 @@ class Queue:
         self.barriers: list[int] = []  # waiting barrier messages, oldest first
         self.barriers_released = 0
         self.browse = s.browse_only
+        # Priority / sorted queues: waiting messages are ranked (see zq.core.ordering).
+        self.level_fn = None
+        if s.priority:
+            self.level_fn = level_function(compile_value(s.priority).fn, priority_level)
+        elif s.sort_key:
+            self.level_fn = level_function(compile_value(s.sort_key).fn, sort_level)
+        self.ordered = self.level_fn is not None
+        self.ranks: dict[int, int] = {}  # ordered: the rank of each message outside the heap
+        self.heap_oldest: int | None = None  # ordered: oldest seq in the heap (None: unknown)
+        self.key_floor = -(1 << 400) if self.ordered else -1  # below every rank
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -181,9 +200,9 @@ class Queue:
         self.removed: set[int] = set()  # available messages taken out of place (ack-unleased)
         self.subs: list[Subscription] = []
         self.filtered = 0  # subscriptions with a content filter
-        self.skipped = array("Q")
+        self.skipped: array[int] | list[int] = self.new_skipped()
         self.skipped_gid = array("I")
-        self.skip_gone: set[int] = set()  # taken out of ``skipped`` (lazily compacted)
+        self.skip_gone: set[int] = set()  # ranks taken out of ``skipped`` (lazily compacted)
         self.skipped_gen = 0
         self.skip_high = 0  # the highest cursor handed out
         self.rr_next = 0
@@ -224,7 +243,10 @@ class Queue:
     def can_take_group(self, name: str) -> bool:
         return name in self.gid_of or len(self.groups) < self.settings.max_groups
 
-    def enqueue(self, seq: int, gid: int) -> None:
+    def enqueue(self, seq: int, gid: int, level: int = 0) -> None:
+        if self.ordered:
+            self.enqueue_ranked(seq, gid, (level << 64) | seq)
+            return
         self.fifo.append(seq)
         if self.grouped:
             self.fifo_gid.append(gid)
@@ -233,6 +255,34 @@ class Queue:
         self.depth += 1
         self.published += 1
         self.dirty = True
+
+    def enqueue_ranked(self, seq: int, gid: int, key: int) -> None:
+        """Ordered queues: an ungrouped message joins the heap; a grouped one waits in its
+        group (publish order), and the group's head competes by its rank in ``ready``."""
+        self.depth += 1
+        self.published += 1
+        self.dirty = True
+        if gid and self.grouped:
+            grp = self.groups[gid]
+            grp.count += 1
+            self.ranks[seq] = key
+            self.park(grp, seq)
+            return
+        heapq.heappush(self.returned, key)
+        if self.heap_oldest is not None and seq < self.heap_oldest:
+            self.heap_oldest = seq
+
+    def new_skipped(self) -> array[int] | list[int]:
+        return [] if self.ordered else array("Q")  # ranks may be negative or wide
+
+    def key_of(self, seq: int) -> int:
+        """The rank of a message outside the heap (its sequence number in a FIFO queue)."""
+        return self.ranks[seq] if self.ordered else seq
+
+    def push_ready(self, grp: Group) -> None:
+        """The group can go: its head competes for dispatch by its rank."""
+        head = grp.pending[grp.phead]
+        heapq.heappush(self.ready, (self.ranks[head] if self.ordered else head, grp.gid))
 
     # --------------------------------------------------------------- dispatch
 
@@ -248,13 +298,15 @@ class Queue:
         returned, ready, removed = self.returned, self.ready, self.removed
         watermark = self.expired_watermark
         filtered = self.filtered
-        offered = -1  # every live set-aside message below this was offered in this call
+        ordered = self.ordered
+        offered = self.key_floor  # every live set-aside message ranked below this was offered
+
         n = len(fifo)
         while True:
-            # The oldest candidate of the three places (2**64 stands for "none").
-            f = fifo[self.head] if self.head < n else 1 << 64
-            r = returned[0] if returned else 1 << 64
-            g = ready[0][0] if ready else 1 << 64
+            # The first candidate of the three places, by rank (_NONE stands for "none").
+            f = fifo[self.head] if self.head < n else _NONE
+            r = returned[0] if returned else _NONE
+            g = ready[0][0] if ready else _NONE
             if self.skipped:
                 # Set-aside messages older than the next candidate go first, to whoever matches.
                 limit = min(f, r, g)
@@ -292,32 +344,37 @@ class Queue:
                 if sub is None:
                     if filtered and self.any_credit():
                         self.head += 1
-                        offered = self.set_aside(seq, gid, judged=offered >= seq)
+                        offered = self.set_aside(seq, seq, gid, judged=offered >= seq)
                         continue
                     break
                 self.head += 1
             elif r < g:
-                seq = r
-                if removed and seq in removed:
-                    heapq.heappop(returned)
-                    self.drop_removed(seq, 0)
-                    continue
-                if seq <= watermark:
-                    heapq.heappop(returned)
-                    self.depth -= 1
-                    self.expire_waiting(seq, 0, R.REASON_EXPIRED)
-                    continue
-                sub = self.choose_for(None, seq) if filtered else self.choose(None)
-                if sub is None:
-                    if filtered and self.any_credit():
-                        heapq.heappop(returned)
-                        offered = self.set_aside(seq, 0, judged=offered >= seq)
-                        continue
-                    break
+                seq = r & SEQ_MASK  # r itself in a FIFO queue
+                live = not (removed and seq in removed) and seq > watermark
+                sub = None
+                if live:
+                    sub = self.choose_for(None, seq) if filtered else self.choose(None)
+                    if sub is None and not (filtered and self.any_credit()):
+                        break
                 heapq.heappop(returned)
+                if seq == self.heap_oldest:
+                    self.heap_oldest = None
+                if not live:
+                    if seq in removed:
+                        self.drop_removed(seq, 0)
+                    else:
+                        self.depth -= 1
+                        self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+                    continue
+                if ordered:
+                    self.ranks[seq] = r
+                if sub is None:
+                    offered = self.set_aside(r, seq, 0, judged=offered >= r)
+                    continue
                 grp = None
-            elif g != 1 << 64:
-                seq, gid = ready[0]
+            elif g != _NONE:
+                key, gid = ready[0]
+                seq = key & SEQ_MASK
                 grp = groups.get(gid)
                 if grp is None or not grp.has_pending() or grp.pending[grp.phead] != seq:
                     heapq.heappop(ready)  # stale entry
@@ -350,7 +407,7 @@ class Queue:
                         heapq.heappop(ready)
                         grp.phead += 1
                         self.after_group_pop(grp)
-                        offered = self.set_aside(seq, gid, judged=offered >= seq)
+                        offered = self.set_aside(key, seq, gid, judged=offered >= key)
                         continue
                     break
                 heapq.heappop(ready)
@@ -386,7 +443,7 @@ class Queue:
 
     def group_became_pending(self, grp: Group) -> None:
         if self.group_can_go(grp):
-            heapq.heappush(self.ready, (grp.pending[grp.phead], grp.gid))
+            self.push_ready(grp)
         elif self.exclusive and grp.owner is not None:
             grp.owner.waiting_groups.add(grp.gid)
 
@@ -534,44 +591,44 @@ class Queue:
     def any_credit(self) -> bool:
         return any(s.used < s.backlog for s in self.subs)
 
-    def set_aside(self, seq: int, gid: int, judged: bool = False) -> int:
-        """Nobody with credit matches ``seq``: keep it waiting in ``skipped``.
+    def set_aside(self, key: int, seq: int, gid: int, judged: bool = False) -> int:
+        """Nobody with credit matches ``seq`` (of rank ``key``): keep it waiting in ``skipped``.
 
-        With ``judged`` (every set-aside message below ``seq`` was just offered), the
+        With ``judged`` (every set-aside message ranked below it was just offered), the
         cursors of subscriptions with credit move past it: they refused it already.
         Returns the new "offered" bound for ``dispatch``.
         """
         skipped = self.skipped
-        if seq in self.skip_gone:  # its old, taken entry is still there: drop it first
-            i = bisect_left(skipped, seq)
-            assert skipped[i] == seq
+        if key in self.skip_gone:  # its old, taken entry is still there: drop it first
+            i = bisect_left(skipped, key)
+            assert skipped[i] == key
             del skipped[i]
             del self.skipped_gid[i]
-            self.skip_gone.discard(seq)
-        if seq < self.skip_high:
+            self.skip_gone.discard(key)
+        if key < self.skip_high:
             self.skipped_gen += 1  # some cursor is already past it: they never judged it
             judged = False
-        if skipped and seq < skipped[-1]:
-            i = bisect_left(skipped, seq)
-            skipped.insert(i, seq)
+        if skipped and key < skipped[-1]:
+            i = bisect_left(skipped, key)
+            skipped.insert(i, key)
             self.skipped_gid.insert(i, gid)
         else:
-            skipped.append(seq)
+            skipped.append(key)
             self.skipped_gid.append(gid)
         if gid:
             self.groups[gid].held = seq
         if not judged:
-            return -1
+            return self.key_floor
         gen = self.skipped_gen
         for sub in self.subs:
-            if sub.used < sub.backlog and sub.skip_gen == gen and sub.skip_cursor <= seq:
-                sub.skip_cursor = seq + 1
-        if seq + 1 > self.skip_high:
-            self.skip_high = seq + 1
-        return seq + 1
+            if sub.used < sub.backlog and sub.skip_gen == gen and sub.skip_cursor <= key:
+                sub.skip_cursor = key + 1
+        if key + 1 > self.skip_high:
+            self.skip_high = key + 1
+        return key + 1
 
     def dispatch_skipped(self, limit: int, now_ms: int) -> None:
-        """Offer set-aside messages older than ``limit`` to subscriptions with credit."""
+        """Offer set-aside messages ranked before ``limit`` to subscriptions with credit."""
         skipped, gids, gone = self.skipped, self.skipped_gid, self.skip_gone
         removed, groups = self.removed, self.groups
         for sub in self.subs:
@@ -579,18 +636,19 @@ class Queue:
                 continue
             if sub.skip_gen != self.skipped_gen:
                 sub.skip_gen = self.skipped_gen
-                sub.skip_cursor = 0
+                sub.skip_cursor = self.key_floor
             i = bisect_left(skipped, sub.skip_cursor)
             n = len(skipped)
             while i < n and sub.used < sub.backlog:
-                seq = skipped[i]
-                if seq >= limit:
+                key = skipped[i]
+                if key >= limit:
                     break
                 i += 1
-                if seq in gone:
+                if key in gone:
                     continue
+                seq = key & SEQ_MASK
                 if removed and seq in removed:
-                    gone.add(seq)
+                    gone.add(key)
                     self.drop_removed(seq, gids[i - 1])
                     continue
                 gid = gids[i - 1]
@@ -605,13 +663,13 @@ class Queue:
                         continue
                 if sub.match is not None and not sub.match(seq):
                     continue
-                gone.add(seq)
+                gone.add(key)
                 if grp is not None:
                     grp.held = 0
                 self.lease(sub, seq, grp, now_ms)
                 if grp is not None and grp.has_pending():
                     self.group_became_pending(grp)
-            sub.skip_cursor = skipped[i] if i < n else (skipped[-1] + 1 if n else 0)
+            sub.skip_cursor = skipped[i] if i < n else (skipped[-1] + 1 if n else self.key_floor)
             if sub.skip_cursor > self.skip_high:
                 self.skip_high = sub.skip_cursor
         self.compact_skipped()
@@ -621,17 +679,20 @@ class Queue:
         if not gone:
             return
         if len(gone) == len(self.skipped):
-            self.skipped = array("Q")
+            self.skipped = self.new_skipped()
             self.skipped_gid = array("I")
             gone.clear()
             return
         if len(gone) > 64 and len(gone) * 2 > len(self.skipped):
             keep = [i for i, s in enumerate(self.skipped) if s not in gone]
-            self.skipped = array("Q", (self.skipped[i] for i in keep))
+            skipped = self.new_skipped()
+            skipped.extend(self.skipped[i] for i in keep)
+            self.skipped = skipped
             self.skipped_gid = array("I", (self.skipped_gid[i] for i in keep))
             gone.clear()
 
     def live_skipped(self) -> list[int]:
+        """Ranks of the set-aside messages still waiting, in order."""
         gone = self.skip_gone
         return [s for s in self.skipped if s not in gone]
 
@@ -733,8 +794,11 @@ class Queue:
             seq = fifo[self.head]
             self.head += 1
             self.drop_removed(seq, gid)
-        while self.returned and self.returned[0] in removed:
-            self.drop_removed(heapq.heappop(self.returned), 0)
+        while self.returned and self.returned[0] & SEQ_MASK in removed:
+            seq = heapq.heappop(self.returned) & SEQ_MASK
+            if seq == self.heap_oldest:
+                self.heap_oldest = None
+            self.drop_removed(seq, 0)
 
     # ----------------------------------------------------- ending a delivery
 
@@ -756,7 +820,7 @@ class Queue:
             if grp.held:
                 self.skipped_gen += 1  # its set-aside head may be eligible now
             elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
-                heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+                self.push_ready(grp)
         self.dirty = True
         return lease, m
 
@@ -766,13 +830,15 @@ class Queue:
             for gid in sub.waiting_groups:
                 grp = self.groups.get(gid)
                 if grp is not None and grp.has_pending():
-                    heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+                    self.push_ready(grp)
             sub.waiting_groups.clear()
         self.dirty = True
 
     def finish(self, seq: int, gid: int) -> None:
         """The message leaves the queue for good."""
         self.meta.pop(seq, None)
+        if self.ordered:
+            self.ranks.pop(seq, None)
         if self.sizes is not None:
             self.bytes -= self.sizes.pop(seq, 0)
         if self.lvq_key_of:
@@ -894,12 +960,17 @@ class Queue:
         self.dirty = True
         gid = m >> _G_SHIFT
         if not gid:
-            heapq.heappush(self.returned, seq)
+            if self.ordered:
+                heapq.heappush(self.returned, self.ranks.pop(seq))
+                if self.heap_oldest is not None and seq < self.heap_oldest:
+                    self.heap_oldest = seq
+            else:
+                heapq.heappush(self.returned, seq)
             return
         grp = self.groups[gid]
         if grp.held and grp.held > seq:
             held, grp.held = grp.held, 0
-            self.skip_gone.add(held)
+            self.skip_gone.add(self.key_of(held))
             insort(grp.pending, held, lo=grp.phead)
             if grp.pending[grp.phead] == held:
                 self.group_became_pending(grp)
@@ -923,18 +994,22 @@ class Queue:
         self.expired_out.append((seq, reason, m & _D_MASK, name))
         self.expired += 1
 
-    def remove_available(self, seq: int) -> bool:
-        """Mark a waiting message removed (it is skipped when reached)."""
+    def remove_available(self, seq: int, known_waiting: bool = False) -> bool:
+        """Mark a waiting message removed (it is skipped when reached).
+
+        ``known_waiting``: the caller knows ``seq`` waits in this queue, which spares an
+        ordered queue a scan of its heap."""
         if seq in self.removed or seq in self.lease_of:
             return False
-        if not self.is_waiting(seq):
+        if not known_waiting and not self.is_waiting(seq):
             return False
-        if self.skipped and seq not in self.skip_gone:
-            i = bisect_left(self.skipped, seq)
-            if i < len(self.skipped) and self.skipped[i] == seq:
+        key = self.ranks.get(seq) if self.ordered else seq
+        if self.skipped and key is not None and key not in self.skip_gone:
+            i = bisect_left(self.skipped, key)
+            if i < len(self.skipped) and self.skipped[i] == key:
                 # Set aside: take it out now, so a group it holds is free at once.
                 gid = self.skipped_gid[i]
-                self.skip_gone.add(seq)
+                self.skip_gone.add(key)
                 self.depth -= 1
                 self.finish(seq, gid)
                 grp = self.groups.get(gid) if gid else None
@@ -947,11 +1022,15 @@ class Queue:
                 return True
         self.removed.add(seq)
         self.depth -= 1
+        if seq == self.heap_oldest:
+            self.heap_oldest = None
         if self.sizes is not None:
             self.bytes -= self.sizes.pop(seq, 0)  # now, not when its removal is reached
         return True
 
     def is_waiting(self, seq: int) -> bool:
+        if self.ordered:  # parked, set aside or leased (the caller excludes leased), or in the heap
+            return seq in self.ranks or any(k & SEQ_MASK == seq for k in self.returned)
         i = bisect_left(self.fifo, seq, lo=self.head)
         if i < len(self.fifo) and self.fifo[i] == seq:
             return True
@@ -1011,7 +1090,7 @@ class Queue:
                 continue
             self.depth -= 1
             self.expire_waiting(seq, gid, R.REASON_EXPIRED)
-        while self.returned and self.returned[0] <= watermark:
+        while not self.ordered and self.returned and self.returned[0] <= watermark:
             seq = heapq.heappop(self.returned)
             if seq in self.removed:
                 self.drop_removed(seq, 0)
@@ -1025,6 +1104,8 @@ class Queue:
             self.dirty = True
             return
         self.group_sweep_due_ms = now_ms + limits.EXPIRY_SWEEP_INTERVAL_MS
+        if self.ordered:
+            self.expire_heap(watermark)
         for grp in list(self.groups.values()):
             while grp.has_pending() and grp.pending[grp.phead] <= watermark:
                 seq = grp.pending[grp.phead]
@@ -1040,14 +1121,36 @@ class Queue:
         self.compact()
         self.dirty = True
 
+    def expire_heap(self, watermark: int) -> None:
+        """Ordered queues: too-old messages may sit anywhere in the heap; one pass per
+        sweep interval takes them all out."""
+        if not self.returned or self.heap_oldest is not None and self.heap_oldest > watermark:
+            return
+        keep = []
+        for key in self.returned:
+            seq = key & SEQ_MASK
+            if seq > watermark:
+                keep.append(key)
+            elif seq in self.removed:
+                self.drop_removed(seq, 0)
+            else:
+                self.depth -= 1
+                self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+        heapq.heapify(keep)
+        self.returned = keep
+        self.heap_oldest = None
+
     def expire_skipped(self, watermark: int) -> None:
         skipped, gone = self.skipped, self.skip_gone
-        for i, seq in enumerate(skipped):
+        for i, key in enumerate(skipped):
+            seq = key & SEQ_MASK
             if seq > watermark:
+                if self.ordered:
+                    continue  # ranks, not ages, order the array
                 break
-            if seq in gone:
+            if key in gone:
                 continue
-            gone.add(seq)
+            gone.add(key)
             gid = self.skipped_gid[i]
             if seq in self.removed:
                 self.drop_removed(seq, gid)
@@ -1098,7 +1201,7 @@ class Queue:
                 continue
             grp.owner = None
             if grp.has_pending():
-                heapq.heappush(self.ready, (grp.pending[grp.phead], gid))
+                self.push_ready(grp)
             self.maybe_forget_group(grp)
         sub.owned_groups.clear()
         sub.waiting_groups.clear()
@@ -1107,11 +1210,18 @@ class Queue:
     # --------------------------------------------------------------- views
 
     def waiting(self) -> Iterator[int]:
-        """Waiting sequence numbers in delivery order (read-only view, for peek)."""
-        sources = [iter(self.fifo[self.head:]), iter(sorted(self.returned)), iter(self.live_skipped())]
-        sources += [iter(g.pending[g.phead:]) for g in self.groups.values() if g.has_pending()]
+        """Waiting sequence numbers in delivery order (read-only view, for peek); in an
+        ordered queue, by rank (a group's messages by their own ranks)."""
+        sources = [iter(self.fifo[self.head:]), heap_in_order(self.returned), iter(self.live_skipped())]
+        if self.ordered:
+            ranks = self.ranks
+            sources += [iter(sorted(ranks[s] for s in g.pending[g.phead:])) for g in self.groups.values()
+                        if g.has_pending()]
+        else:
+            sources += [iter(g.pending[g.phead:]) for g in self.groups.values() if g.has_pending()]
         removed = self.removed
-        for seq in heapq.merge(*sources):
+        for key in heapq.merge(*sources):
+            seq = key & SEQ_MASK
             if seq not in removed:
                 yield seq
 
@@ -1122,11 +1232,19 @@ class Queue:
         if grp is not None:
             out += grp.pending[grp.phead:]
         gone = self.skip_gone
-        out += [s for s, g in zip(self.skipped, self.skipped_gid) if g == gid and s not in gone]
+        out += [s & SEQ_MASK for s, g in zip(self.skipped, self.skipped_gid) if g == gid and s not in gone]
         return sorted(s for s in out if s not in self.removed)
 
     def oldest_waiting_ungrouped(self) -> int | None:
         """Oldest waiting message outside group pending lists (for expiry timers)."""
+        if self.ordered:
+            best = self.oldest_in_heap()
+            gone = self.skip_gone
+            for key in self.skipped:
+                seq = key & SEQ_MASK
+                if key not in gone and (best is None or seq < best):
+                    best = seq
+            return best
         best = self.fifo[self.head] if self.head < len(self.fifo) else None
         if self.returned and (best is None or self.returned[0] < best):
             best = self.returned[0]
@@ -1138,14 +1256,26 @@ class Queue:
                     break
         return best
 
+    def oldest_in_heap(self) -> int | None:
+        """Ordered queues: the oldest message in the heap. A scan, cached until that
+        message leaves the heap (pushes only ever bring the oldest down)."""
+        if self.heap_oldest is None:
+            removed = self.removed
+            self.heap_oldest = min((k & SEQ_MASK for k in self.returned if k & SEQ_MASK not in removed), default=_NONE)
+        return None if self.heap_oldest == _NONE else self.heap_oldest
+
     def any_group_pending(self) -> bool:
         return any(g.has_pending() for g in self.groups.values())
 
     def waiting_set(self) -> set[int]:
         """Waiting sequence numbers, unordered (for checkers: cheaper than ``waiting``)."""
         out = set(self.fifo[self.head:])
-        out.update(self.returned)
-        out.update(self.live_skipped())
+        if self.ordered:
+            out.update(k & SEQ_MASK for k in self.returned)
+            out.update(k & SEQ_MASK for k in self.live_skipped())
+        else:
+            out.update(self.returned)
+            out.update(self.live_skipped())
         for g in self.groups.values():
             if g.has_pending():
                 out.update(g.pending[g.phead:])

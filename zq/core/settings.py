@@ -39,6 +39,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     browse_only: bool = False  # every subscriber sees every message; none leaves by acks
     barrier: str | None = None  # expression: matching messages are barriers (see the protocol spec)
     lvq_key: str | None = None  # last-value queue: a header name or /body/path; a newer message replaces
+    priority: str | None = None  # expression: higher goes first (unsigned 64-bit; missing = 0)
+    sort_key: str | None = None  # header or /body/path: delivery in ascending order of it
+    target_queue_depth: int = 0  # only this many messages in memory; the rest read from the journal (0: all)
     max_depth: int = 0  # messages in the queue (waiting + leased); 0: no limit
     max_bytes: int = 0  # their payload bytes; 0: no limit
     overflow: str = "reject"  # at a limit: "reject" | "ring" (drop the oldest available) | "flow-control"
@@ -50,6 +53,33 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         if self.fairness is not None:
             return self.fairness
         return "proportional" if self.semantics == "at-least-once" else "round-robin"
+
+    def validate_kind(self, where: str) -> None:
+        """Refuse combinations of queue kinds whose meanings contradict each other."""
+        if self.priority and self.sort_key:
+            raise ConfigError(f"{where}: a queue has one order: set priority or sort_key, not both")
+        ordered = "priority" if self.priority else "sort_key" if self.sort_key else None
+        if ordered and self.barrier:
+            raise ConfigError(f"{where}: {ordered} cannot be combined with barrier: a barrier waits for every "
+                              "earlier message, and an ordered queue has no single 'earlier'")
+        if ordered and self.browse_only:
+            raise ConfigError(f"{where}: {ordered} cannot be combined with browse_only: browsers walk the queue "
+                              "in publish order from their own cursors")
+        if ordered and self.max_depth + self.max_bytes and self.overflow == "ring":
+            raise ConfigError(f"{where}: {ordered} cannot be combined with overflow = 'ring': ring drops the "
+                              "oldest message, which an ordered queue keeps anywhere in its heap; "
+                              "use 'reject' or 'flow-control'")
+        if self.target_queue_depth < 0:
+            raise ConfigError(f"{where}: target_queue_depth must not be negative")
+        if self.target_queue_depth:
+            for key, why in (("priority", "the highest priority may be any message still in the journal"),
+                             ("sort_key", "the lowest key may be any message still in the journal"),
+                             ("barrier", "a barrier waits for messages that may still be in the journal"),
+                             ("lvq_key", "a new value must replace messages that may still be in the journal"),
+                             ("browse_only", "browsers never drain the active part, so nothing more is read in")):
+                if getattr(self, key):
+                    raise ConfigError(f"{where}: target_queue_depth cannot be combined with {key}: "
+                                      f"only the first messages are in memory, and {why}")
 
     def validate(self) -> "QueueSettings":
         """Raise ConfigError naming the offending key; return self for chaining."""
@@ -74,7 +104,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
         if self.browse_only and (self.semantics != "at-least-once" or self.barrier):
             raise ConfigError(f"{where}: browse_only queues are at-least-once and take no barrier")
-        for key, compile_ in (("filter", compile_filter), ("barrier", compile_filter), ("lvq_key", compile_value)):
+        self.validate_kind(where)
+        for key, compile_ in (("filter", compile_filter), ("barrier", compile_filter), ("lvq_key", compile_value),
+                              ("priority", compile_value), ("sort_key", compile_value)):
             text = getattr(self, key)
             if text is not None:
                 try:

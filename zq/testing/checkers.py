@@ -9,6 +9,8 @@ the safety properties zq promises after every step:
 * no subscription holds more than its backlog (and the engine agrees on the count);
 * a sequenced group never has two messages out at once, and goes in publish order;
 * an exclusive group is never split across live consumers, and goes in order;
+* in a priority or sorted queue, no message is leased while a better-ranked ungrouped
+  message waits (checked per step, for queues without content-filtered subscribers);
 * the engine's own structures agree with each other (``check_engine``).
 """
 
@@ -38,12 +40,14 @@ class QueueView:
     delivered_once: set[int] = field(default_factory=set)
     barriers: set[int] = field(default_factory=set)  # barrier messages not yet released
     browse: bool = False  # browse_only: nothing is leased, messages stay until they expire
+    ranks: dict[int, int] = field(default_factory=dict)  # ordered queues: seq -> rank
 
 
 class Oracle:
     def __init__(self) -> None:
         self.queues: dict[str, QueueView] = {}
         self.deliveries = 0
+        self.step_leased: dict[str, list[int]] = {}
 
     def queue_view(self, q: Queue) -> QueueView:
         view = self.queues.get(q.name)
@@ -56,11 +60,30 @@ class Oracle:
 
     def committed(self, engine: Engine, records: list[object]) -> None:
         """Account for one committed step, in record order."""
+        self.step_leased = {}
         for rec in records:
             if type(rec) is R.Message:
                 self.on_message(engine, rec)
             elif type(rec) is R.Event:
                 self.on_event(engine, rec)
+        for name, leased in self.step_leased.items():
+            self.check_rank_order(engine, name, leased)
+
+    def check_rank_order(self, engine: Engine, name: str, leased: list[int]) -> None:
+        """Every message leased this step ranks no worse than any ungrouped one still waiting."""
+        view, q = self.queues[name], engine.queues.get(name)
+        if q is None or not q.ordered or q.filtered:
+            return
+        out = set(leased)
+        waiting = [view.ranks[s] for s in view.open
+                   if s not in view.held and s not in out and view.confirmed.get(s) is None and s in view.ranks]
+        if not waiting:
+            return
+        best_waiting = min(waiting)
+        worst_leased = max(view.ranks[s] for s in leased if s in view.ranks)
+        if worst_leased > best_waiting:
+            raise InvariantError(f"{name}: priority inverted: {worst_leased & (2**64 - 1)} leased while "
+                                 f"better-ranked {best_waiting & (2**64 - 1)} waits")
 
     def on_message(self, engine: Engine, msg: R.Message) -> None:
         for q in engine.route(msg.topic):
@@ -82,6 +105,9 @@ class Oracle:
                     group = None  # dead letter: group decided by the engine, not checked here
             view.confirmed[msg.seq] = group
             view.open.add(msg.seq)
+            if q.level_fn is not None:
+                content = engine.message(msg.seq) or msg
+                view.ranks[msg.seq] = (q.level_fn(content.headers, content.payload, content.topic) << 64) | msg.seq
             if group is not None:
                 view.group_open.setdefault(group, set()).add(msg.seq)
 
@@ -130,6 +156,8 @@ class Oracle:
             self.check_group_order(view, ev, seq, group)
         view.held[seq] = ev.consumer
         view.delivered_once.add(seq)
+        if view.ranks:
+            self.step_leased.setdefault(ev.queue, []).append(seq)
         if view.semantics == "at-most-once":
             self.finish(view, seq)
 

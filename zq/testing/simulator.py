@@ -36,6 +36,7 @@ from zq.testing.checkers import InvariantError, Oracle
 
 
 COLORS = ("red", "blue", "green")
+PRIORITIES = (None, "0", "1", "2", "3", "10")
 FILTERS = ("color = 'red'", "color IN ('red', 'blue')", "color != 'green'", "NOT color = 'red'")
 
 
@@ -89,6 +90,10 @@ class SimOptions:
             )
             if semantics == "at-least-once" and rng.random() < 0.15:
                 queues[-1] = msgspec.structs.replace(queues[-1], browse_only=True, barrier=None)
+            elif rng.random() < 0.3:  # an ordered queue: by the "prio" header
+                order = rng.choice([{"priority": "prio"}, {"sort_key": "prio"}])
+                overflow = "reject" if queues[-1].overflow == "ring" else queues[-1].overflow
+                queues[-1] = msgspec.structs.replace(queues[-1], barrier=None, overflow=overflow, **order)
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
         ngroups = rng.choice([1, 3, 10])
         return cls(
@@ -246,6 +251,9 @@ class Simulator:
             group = self.rng.choice(self.options.groups)
             headers = {"group": group} if group is not None else {}
             headers["color"] = self.rng.choice(COLORS)
+            prio = self.rng.choice(PRIORITIES)
+            if prio is not None:
+                headers["prio"] = prio
             try:
                 self.engine.publish(topic, b"x", headers, self.now_ms)
             except QueueFullError:
