@@ -248,6 +248,13 @@ class Subscription:
         self.filter, self.max_backlog, self.queue = new_filter, new_backlog, new_queue  # type: ignore[assignment]
         return self.backlog
 
+    def ack_unleased(self, bookmarks: list[int]) -> None:
+        """Acknowledge messages this subscription was not given, by bookmark, on a queue
+        with ``allow_ack_unleased`` (work done another way; a message still in a
+        TargetQueueDepth queue's journal-only part). Bookmarks the queue cannot take
+        are ignored by the server."""
+        self.client._submit(wire.Ack(self.sub_id, list(bookmarks)))
+
     def _extend(self, msg: Message, ms: int) -> None:
         self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
 

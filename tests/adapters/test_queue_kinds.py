@@ -148,3 +148,38 @@ def test_priority_and_sorted_queues_over_the_wire_and_across_a_restart(tmp_path)
             assert c.stats()["queues"]["events"]["kind"] == "sorted"
     finally:
         server.terminate()
+
+
+def test_target_queue_depth_over_the_wire_and_across_a_restart(tmp_path):
+    from .support import ServerProcess
+
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "deep"\ntarget_queue_depth = 5\nallow_ack_unleased = true\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with zq.connect(server.endpoint) as c:
+            seqs = c.publish_many("deep", [f"m{i}" for i in range(40)])
+            stats = c.stats()["queues"]["deep"]
+            assert (stats["depth"], stats["inactive"], stats["kind"]) == (5, 35, "tqd=5")
+            assert len(c.peek("deep", limit=100)) == 5  # views count the active part only
+            with c.subscribe("deep", max_backlog=2) as sub:
+                m = sub.get(5)
+                m.ack()
+                sub.ack_unleased([seqs[30]])  # still journal-only: remembered, journaled
+                wait_until(lambda: c.stats()["queues"]["deep"]["acked"] == 2, what="the early ack")
+            taken = [m.bookmark, seqs[30]]
+        server.kill()
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            stats = c.stats()["queues"]["deep"]
+            assert (stats["depth"], stats["inactive"]) == (5, 33)
+            with c.subscribe("deep", max_backlog=4) as sub:
+                while len(taken) < 40:
+                    m = sub.get(10)
+                    assert m is not None, f"stalled after {len(taken)}"
+                    taken.append(m.bookmark)
+                    m.ack()
+            assert sorted(taken) == seqs and taken[2:] == [s for s in seqs[1:] if s != seqs[30]]  # in order, once
+            wait_until(lambda: c.stats()["queues"]["deep"]["inactive"] == 0, what="inactive part drained")
+    finally:
+        server.terminate()

@@ -9,9 +9,12 @@ class Harness:
 
     def __init__(self, *queues: QueueSettings, auto_queues: bool = True) -> None:
         self.journaled: dict[int, R.Message] = {}
-        self.engine = Engine(queues, auto_queues=auto_queues, content=self.journaled.get)
+        self.engine = Engine(queues, auto_queues=auto_queues, content=self.journaled.get, scan=self.scan)
         self.now = 0
         self.records: list = []
+
+    def scan(self, from_seq: int, limit: int) -> list[R.Message]:
+        return [self.journaled[s] for s in sorted(self.journaled) if s >= from_seq][:limit]
 
     def pub(self, topic: str, n: int = 1, group: str | None = None, payload: bytes = b"m", **headers: str) -> list[int]:
         if group is not None:

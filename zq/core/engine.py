@@ -31,6 +31,7 @@ import msgspec
 from zq.core import expr, limits
 from zq.core import records as R
 from zq.core.errors import (
+    ConfigError,
     LimitError,
     NotSupportedError,
     ProtocolError,
@@ -38,6 +39,7 @@ from zq.core.errors import (
     UnknownQueueError,
     UnknownSubscriptionError,
 )
+from zq.core.depth import TargetDepthMixin
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
@@ -62,7 +64,7 @@ class Output(msgspec.Struct, gc=False):
     deliveries: list[Deliver]
 
 
-class Engine(ManagementMixin):
+class Engine(ManagementMixin, TargetDepthMixin):
     """All queue semantics of one dispatcher; see the module docstring."""
 
     def __init__(
@@ -73,8 +75,12 @@ class Engine(ManagementMixin):
         next_seq: int = 1,
         content: Callable[[int], R.Message | None] | None = None,
         find_id: Callable[[str, str], tuple[int, int] | None] | None = None,
+        scan: Callable[[int, int], list[R.Message]] | None = None,
     ) -> None:
         self.queues: dict[str, Queue] = {}
+        # The scan port: committed messages from a bookmark on (TargetQueueDepth reads
+        # a queue's inactive part back through it; see zq.core.depth).
+        self.scan = scan
         # The dedup port: (topic, message id) -> (bookmark, publish ms) of its first
         # journaled publish. This step's ids are not journaled yet: ``step_ids``.
         self.find_id = find_id
@@ -108,6 +114,8 @@ class Engine(ManagementMixin):
     # ------------------------------------------------------------- queues
 
     def add_queue(self, settings: QueueSettings, *, declare: bool = True) -> Queue:
+        if settings.target_queue_depth and self.scan is None:
+            raise ConfigError(f"queue {settings.name!r}: target_queue_depth needs an engine with a journal scan port")
         q = Queue(settings)
         self.queues[settings.name] = q
         self.route_cache.clear()
@@ -244,7 +252,7 @@ class Engine(ManagementMixin):
                 self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
-            if q.barrier_fn is not None or q.ordered:
+            if q.barrier_fn is not None or q.ordered or q.tqd:
                 self.enqueue_each(q, topic, items, first)
             elif q.grouped:
                 header = q.settings.group_header
@@ -271,7 +279,8 @@ class Engine(ManagementMixin):
 
     def enqueue_each(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
                      first: int) -> None:
-        """Enqueue one by one on a queue that judges each message (barrier, priority, sort key)."""
+        """Enqueue one by one on a queue that judges each message (barrier, priority, sort
+        key, target depth)."""
         accept, header = q.filter, q.settings.group_header
         for i, (payload, headers, _) in enumerate(items):
             if accept is not None and not accept(headers, payload, topic):
@@ -280,6 +289,11 @@ class Engine(ManagementMixin):
 
     def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
                     header: str | None) -> None:
+        if q.tqd:
+            if not q.admits():
+                q.hold_back(seq)
+                return
+            q.admitted(seq)
         if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
             q.enqueue(seq, 0)
             q.barriers.append(seq)
@@ -324,6 +338,11 @@ class Engine(ManagementMixin):
     def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
         counts toward the queue's limits (ring queues make room)."""
+        if q.tqd:
+            if not q.admits():
+                q.hold_back(seq)
+                return
+            q.admitted(seq)
         if q.barrier_fn is not None:
             m = self.message(seq)
             if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
@@ -541,7 +560,8 @@ class Engine(ManagementMixin):
         total = 0
         for seq in seqs:
             if ack(sub, seq, now) is not None:
-                refused.append(seq)
+                if not (q.inactive and self.ack_inactive(q, sub, seq)):
+                    refused.append(seq)
                 continue
             i = bisect_right(ti_seq, seq) - 1  # publish_time_ms(), inlined: this is the ack hot path
             latency = now - ti_ms[i] if i >= 0 else 0
@@ -610,6 +630,8 @@ class Engine(ManagementMixin):
         for _ in range(64):  # dead letters can feed other queues; bounded, converges fast
             busy = False
             for q in list(self.queues.values()):
+                if q.inactive and q.active() < q.tqd:
+                    self.refill(q)
                 if q.dirty:
                     q.dispatch(now)
                 self.flush_events(q)  # causes (cancelled, returned) before their expiries
@@ -745,6 +767,7 @@ class Engine(ManagementMixin):
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
                              "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
                 "replaced": q.replaced,
+                "inactive": q.inactive,
                 "kind": queue_kind(q.settings),
                 "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
                 "semantics": q.settings.semantics,
@@ -814,6 +837,7 @@ class Engine(ManagementMixin):
         auto_queues: bool = True,
         content: Callable[[int], R.Message | None] | None = None,
         find_id: Callable[[str, str], tuple[int, int] | None] | None = None,
+        scan: Callable[[int, int], list[R.Message]] | None = None,
     ) -> "Engine":
         """Rebuild every queue from the journal (a pure fold over its records).
 
@@ -822,7 +846,7 @@ class Engine(ManagementMixin):
         sequence order. Acked and expired messages are gone; every other message
         returns to its queue in its original order with its delivery and cancel counts.
         """
-        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq, content=content, find_id=find_id)
+        eng = cls(queues, auto_queues=auto_queues, next_seq=next_seq, content=content, find_id=find_id, scan=scan)
         for d in declared:
             settings = msgspec.json.decode(d.settings_json, type=QueueSettings)
             if settings.name not in eng.queues:  # config wins over run-time declarations
@@ -845,6 +869,11 @@ class Engine(ManagementMixin):
                     m = msg if msg.copy_of is None else eng.message(msg.seq)
                     if m is None or not q.filter(m.headers, m.payload, m.topic):
                         continue
+                if q.tqd:
+                    if not q.admits():
+                        q.hold_back(msg.seq)  # stays in the journal: read in as the queue drains
+                        continue
+                    q.admitted(msg.seq)
                 gid = 0
                 barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
                 if q.grouped and not barrier:
@@ -869,6 +898,8 @@ class Engine(ManagementMixin):
                     q.restore_counts(msg.seq, gid, c[0], c[1])
         for q in eng.queues.values():
             q.published = 0
+            if q.inactive:  # acknowledged before they were read in: skip them when they are
+                q.early_acks = {s for s in done[q.name] if s >= q.tqd_cursor}
             eng.rp_written[q.name] = recovery_points.get(q.name, -1)
             if q.settings.max_deliveries and not q.at_most_once:
                 expire_exhausted(q)

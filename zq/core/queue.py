@@ -184,6 +184,11 @@ class Queue:
         self.ranks: dict[int, int] = {}  # ordered: the rank of each message outside the heap
         self.heap_oldest: int | None = None  # ordered: oldest seq in the heap (None: unknown)
         self.key_floor = -(1 << 400) if self.ordered else -1  # below every rank
+        # TargetQueueDepth (see zq.core.depth): at most ``tqd`` messages in memory.
+        self.tqd = s.target_queue_depth
+        self.inactive = 0  # messages of the queue in the journal only, at or above tqd_cursor
+        self.tqd_cursor = 0
+        self.early_acks: set[int] = set()  # inactive messages acknowledged before they were read in
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -746,8 +751,25 @@ class Queue:
     # ------------------------------------------------------------ overflow
 
     def held(self) -> int:
-        """Messages in the queue: waiting and leased (what max_depth counts)."""
+        """Messages in the queue: waiting, leased and inactive (what max_depth counts)."""
+        return self.depth + len(self.lease_of) + self.inactive
+
+    def active(self) -> int:
         return self.depth + len(self.lease_of)
+
+    def admits(self) -> bool:
+        """May a new message go straight into the active part (TargetQueueDepth)?"""
+        return not self.inactive and self.depth + len(self.lease_of) < self.tqd
+
+    def admitted(self, seq: int) -> None:
+        self.tqd_cursor = seq + 1
+
+    def hold_back(self, seq: int) -> None:
+        """The message stays in the journal only (its queue's active part is full)."""
+        if not self.inactive:
+            self.tqd_cursor = seq
+        self.inactive += 1
+        self.published += 1
 
     def would_overflow(self, count: int, size: int) -> bool:
         s = self.settings
@@ -1298,6 +1320,8 @@ class Queue:
             rp = min(rp, min(self.lease_of))
         if self.removed:
             rp = min(rp, min(self.removed))
+        if self.inactive or self.early_acks:
+            rp = min(rp, self.tqd_cursor)
         return rp
 
     def group_summary(self, top: int = 5, scan_max: int = 100_000) -> dict:

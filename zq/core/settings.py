@@ -76,7 +76,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
                              ("sort_key", "the lowest key may be any message still in the journal"),
                              ("barrier", "a barrier waits for messages that may still be in the journal"),
                              ("lvq_key", "a new value must replace messages that may still be in the journal"),
-                             ("browse_only", "browsers never drain the active part, so nothing more is read in")):
+                             ("browse_only", "browsers never drain the active part, so nothing more is read in"),
+                             ("max_bytes", "the bytes of messages still in the journal are not tracked")):
                 if getattr(self, key):
                     raise ConfigError(f"{where}: target_queue_depth cannot be combined with {key}: "
                                       f"only the first messages are in memory, and {why}")

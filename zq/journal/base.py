@@ -24,6 +24,7 @@ class RecoveryInput(Protocol):
     def read_events(self, from_seq: int) -> Iterator[R.Event]: ...
     def get_message(self, seq: int) -> R.Message | None: ...
     def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None: ...
+    def messages_from(self, from_seq: int, limit: int) -> list[R.Message]: ...
 
 
 class Journal(RecoveryInput, Protocol):
@@ -58,6 +59,7 @@ def recover_engine(journal: RecoveryInput, queues: Iterable[QueueSettings], *, a
         auto_queues=auto_queues,
         content=journal.get_message,
         find_id=journal.find_id,
+        scan=journal.messages_from,
     )
 
 

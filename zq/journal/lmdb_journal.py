@@ -218,6 +218,20 @@ class LmdbJournal:
             self.reader_txn.abort()
             self.reader_txn = None
 
+    def messages_from(self, from_seq: int, limit: int) -> list[R.Message]:
+        """The engine's scan port: up to ``limit`` committed messages from ``from_seq`` on
+        (TargetQueueDepth reads a queue's inactive part back through it)."""
+        out: list[R.Message] = []
+        decode = R.message_decoder.decode
+        with self.point_reader().cursor(db=self.msgs) as cur:
+            if not cur.set_range(_KEY.pack(from_seq)):
+                return out
+            for v in cur.iternext(keys=False):
+                out.append(decode(v))
+                if len(out) >= limit:
+                    break
+        return out
+
     def find_id(self, topic: str, msg_id: str) -> tuple[int, int] | None:
         """The dedup port: bookmark and time of the first journaled publish of ``msg_id``."""
         if self.ids is None:

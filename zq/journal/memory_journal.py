@@ -75,6 +75,11 @@ class MemoryJournal:
         """The engine's content port: a committed message, dead letters resolved."""
         return self.by_seq.get(seq)
 
+    def messages_from(self, from_seq: int, limit: int) -> list[R.Message]:
+        """The engine's scan port: up to ``limit`` committed messages from ``from_seq`` on."""
+        i = bisect_left(self.message_seqs, from_seq)
+        return self.messages[i : i + limit]
+
     def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
         i = bisect_left(self.message_seqs, from_seq)
         return [(m.seq, R.record_encoder.encode(m)) for m in self.messages[i : i + max_records]]

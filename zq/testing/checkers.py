@@ -9,6 +9,8 @@ the safety properties zq promises after every step:
 * no subscription holds more than its backlog (and the engine agrees on the count);
 * a sequenced group never has two messages out at once, and goes in publish order;
 * an exclusive group is never split across live consumers, and goes in order;
+* a queue with a target depth never holds more than that many messages in memory,
+  and every message it does not hold is in its journal-only part;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
   message waits (checked per step, for queues without content-filtered subscribers);
 * the engine's own structures agree with each other (``check_engine``).
@@ -214,6 +216,14 @@ class Oracle:
             if both:
                 raise InvariantError(f"{name}: {sorted(both)[:5]} both waiting and leased")
             present = waiting | live
+            if q.tqd:
+                if q.active() > q.tqd:
+                    raise InvariantError(f"{name}: {q.active()} messages in memory over target_queue_depth {q.tqd}")
+                journal_only = view.open - present
+                if len(journal_only) != q.inactive or any(s < q.tqd_cursor for s in journal_only):
+                    raise InvariantError(f"{name}: {q.inactive} inactive from {q.tqd_cursor}, but the journal-only "
+                                         f"messages are {sorted(journal_only)[:10]}")
+                present |= journal_only
             if present != view.open:
                 vanished = sorted(view.open - present)[:5]
                 stray = sorted(present - view.open)[:5]

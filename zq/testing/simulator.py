@@ -94,6 +94,9 @@ class SimOptions:
                 order = rng.choice([{"priority": "prio"}, {"sort_key": "prio"}])
                 overflow = "reject" if queues[-1].overflow == "ring" else queues[-1].overflow
                 queues[-1] = msgspec.structs.replace(queues[-1], barrier=None, overflow=overflow, **order)
+            elif rng.random() < 0.3:  # only the first few in memory, the rest read back from the journal
+                queues[-1] = msgspec.structs.replace(queues[-1], barrier=None, lvq_key=None,
+                                                     target_queue_depth=rng.choice([2, 5, 20]))
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
         ngroups = rng.choice([1, 3, 10])
         return cls(
@@ -133,7 +136,7 @@ class Simulator:
         self.options = SimOptions.draw(seed, steps)
         self.rng = random.Random(seed * 7919 + 1)
         self.journal = MemoryJournal()
-        self.engine = Engine(self.options.queues, content=self.journal.get_message)
+        self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
         self.oracle = Oracle()
         self.now_ms = 0
         self.workers: dict[str, Worker] = {}
