@@ -5,7 +5,8 @@ groups (a real `zq serve` with worker processes over tcp loopback), memory (heap
 RSS per queued message), recovery (start-up time from a big journal), peers (zq, Redis
 Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in one
 invocation; `--repeat N` interleaves them round by round), filters (what an expression
-costs per message), claims (a claim's round trip, a long poll's wake-up). Results go
+costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
+10-level priority queue next to a FIFO: memory per message and engine throughput). Results go
 to bench/results/.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark")
+             "filters", "claims", "spark", "kinds")
 
 
 def machine() -> dict:
@@ -62,6 +63,8 @@ def run(scenario: str, quick: bool) -> list[dict]:
             engine.throughput(n, backlog=256, batch=64),
             engine.throughput(n, backlog=16, batch=64, groups=1000),
         ]
+    if scenario == "kinds":
+        return engine.kinds(20_000, 20_000) if quick else engine.kinds(1_000_000, 500_000)
     if scenario == "spark":
         from bench import spark
 

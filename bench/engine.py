@@ -9,11 +9,18 @@ import tracemalloc
 from zq.core import Engine, QueueSettings
 
 
-def memory(n: int, grouped: bool = False, groups: int = 1000) -> dict:
-    """Heap growth per queued message with no consumers (payloads live in the journal)."""
-    settings = QueueSettings(name="jobs", group_header="group" if grouped else None)
+def level_headers(levels: int) -> list[dict[str, str]]:
+    """Headers cycling through ``levels`` priorities, mixed (a 10-level queue's workload)."""
+    return [{"prio": str((i * 7) % levels)} for i in range(levels)] if levels else [{}]
+
+
+def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, scenario: str = "engine-memory") -> dict:
+    """Heap growth per queued message with no consumers (payloads live in the journal).
+
+    ``levels``: a priority queue (``priority = "prio"``) fed that many priorities."""
+    settings = QueueSettings(name="jobs", group_header="group" if grouped else None, priority="prio" if levels else None)
     engine = Engine([settings])
-    headers = [{"group": f"g{i}"} for i in range(groups)] if grouped else [{}]
+    headers = [{"group": f"g{i}"} for i in range(groups)] if grouped else level_headers(levels)
     payload = b"x" * 128
     gc.collect()
     tracemalloc.start()
@@ -26,17 +33,20 @@ def memory(n: int, grouped: bool = False, groups: int = 1000) -> dict:
     tracemalloc.stop()
     q = engine.queues["jobs"]
     assert q.depth == n
-    return {"scenario": "engine-memory", "queued": n, "grouped": grouped, "heap_bytes_per_message": round(grown / n, 1)}
+    return {"scenario": scenario, "queued": n, "grouped": grouped, "priority_levels": levels,
+            "heap_bytes_per_message": round(grown / n, 1)}
 
 
-def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0) -> dict:
+def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0, levels: int = 0,
+               scenario: str = "engine-throughput") -> dict:
     """publish -> deliver -> ack through the engine alone, batched as the server batches."""
-    settings = QueueSettings(name="jobs", max_per_subscription_backlog=max(backlog, 1), group_header="group" if groups else None)
+    settings = QueueSettings(name="jobs", max_per_subscription_backlog=max(backlog, 1), group_header="group" if groups else None,
+                             priority="prio" if levels else None)
     engine = Engine([settings])
     for w in range(workers):
         engine.subscribe(f"w{w}", "jobs", f"w{w}", backlog, 0)
     payload = b"x" * 128
-    headers = [{"group": f"g{i}"} for i in range(groups)] if groups else [{}]
+    headers = [{"group": f"g{i}"} for i in range(groups)] if groups else level_headers(levels)
     held: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
     published = acked = 0
     now = 0
@@ -57,8 +67,9 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
             held[d.sub_id].extend(d.seqs)
     elapsed = time.perf_counter() - t0
     return {
-        "scenario": "engine-throughput",
+        "scenario": scenario,
         "messages": n,
+        "priority_levels": levels,
         "workers": workers,
         "backlog": backlog,
         "publish_batch": batch,
@@ -66,3 +77,13 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(n / elapsed),
     }
+
+
+def kinds(n_memory: int, n_throughput: int) -> list[dict]:
+    """A priority queue with 10 levels next to a plain FIFO: memory per queued message
+    (no consumers) and engine-only throughput (4 workers, backlog 16, batches of 64)."""
+    rows = []
+    for levels in (0, 10):
+        rows.append(memory(n_memory, levels=levels, scenario="kinds"))
+        rows.append(throughput(n_throughput, levels=levels, scenario="kinds"))
+    return rows
