@@ -39,19 +39,18 @@ _U64 = struct.Struct(">Q")
 
 def priority_of(value: object) -> int:
     """A priority expression's result as an unsigned 64-bit integer (0 when unusable)."""
-    if isinstance(value, bool) or value is None:
-        return 0
-    if isinstance(value, str):
-        value = _number(value)
-        if value is None:
-            return 0
-    if isinstance(value, float):
+    if type(value) is str:  # the common case, a header: the cheap parse first
+        try:
+            value = int(value)
+        except ValueError:
+            value = _number(value)
+    if type(value) is int:
+        return value if 0 <= value <= PRIORITY_MAX else (0 if value < 0 else PRIORITY_MAX)
+    if type(value) is float:
         if not math.isfinite(value):
             return PRIORITY_MAX if value > 0 else 0
-        value = math.floor(value)
-    if not isinstance(value, int):
-        return 0
-    return 0 if value < 0 else min(value, PRIORITY_MAX)
+        return priority_of(math.floor(value))
+    return 0  # missing, bool, list, map: unusable
 
 
 def priority_level(value: object) -> int:
