@@ -18,7 +18,8 @@ def stats_table(st: dict) -> Table:
         kind = q.get("kind")
         table.add_row(
             f"{name} ({kind})" if kind else name,
-            f"{q['depth']}+{q['inactive']}" if q.get("inactive") else str(q["depth"]),  # +N: journal-only (tqd) str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
+            f"{q['depth']}+{q['inactive']}" if q.get("inactive") else str(q["depth"]),  # +N: journal-only (tqd)
+            str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
             str(q["expired"]), str(q["dead_lettered"]), str(q["groups"]),
             f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
         )

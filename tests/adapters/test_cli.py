@@ -173,3 +173,18 @@ def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
     assert [r["topic"] for r in rows] == ["work"] * 4 + ["elsewhere"]
     assert any(json.loads(x)["reason"] == "purged" for x in (out / "events.jsonl").read_text().splitlines())
     assert zq("journal", "info", "--data", str(tmp_path / "nothing")).returncode == 2
+
+
+def test_queue_kinds_from_the_command_line(server):
+    ep = ("--endpoint", server.endpoint)
+    created = json.loads(zq("queue", "create", "urgent", "--priority", "/sev", *ep).stdout)
+    assert created["priority"] == "/sev"
+    assert zq("publish", "urgent", *ep, input='{"sev": 1}\n{"sev": 9}\n{"sev": 5}\n').returncode == 0
+    run = zq("peek", "urgent", *ep)
+    assert [json.loads(line)["data"] for line in run.stdout.splitlines()] == ['{"sev": 9}', '{"sev": 5}', '{"sev": 1}']
+    assert json.loads(zq("queue", "create", "deep", "--target-queue-depth", "2", *ep).stdout)["target_queue_depth"] == 2
+    assert zq("publish", "deep", *ep, input="a\nb\nc\n").returncode == 0
+    table = zq("stats", *ep).stdout
+    assert "(tqd=2)" in table and "2+1" in table, table  # depth 2, one more in the journal only
+    run = zq("queue", "create", "bad", "--priority", "p", "--sort-key", "k", *ep)
+    assert run.returncode != 0 and "not both" in run.stderr
