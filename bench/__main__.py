@@ -6,7 +6,8 @@ RSS per queued message), recovery (start-up time from a big journal), peers (zq,
 Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in one
 invocation; `--repeat N` interleaves them round by round), filters (what an expression
 costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
-10-level priority queue next to a FIFO: memory per message and engine throughput). Results go
+10-level priority queue next to a FIFO: memory per message and engine throughput),
+ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling). Results go
 to bench/results/.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds")
+             "filters", "claims", "spark", "kinds", "ceiling")
 
 
 def machine() -> dict:
@@ -79,12 +80,23 @@ def run(scenario: str, quick: bool) -> list[dict]:
         from bench import access
 
         return access.claim_latency(200 if quick else 5_000)
+    if scenario == "ceiling":
+        from bench import ceiling
+
+        n = 5_000 if quick else 100_000
+        rows = []
+        for _ in range(1 if quick else 2):  # interleaved, so machine noise hits both alike
+            raw = ceiling.throughput(n)
+            zq_row = e2e.throughput(n, durability="batch")
+            rows += [raw, {**zq_row, "scenario": "ceiling", "system": "zq (batch)",
+                           "of_ceiling": round(zq_row["e2e_msgs_per_s"] / raw["e2e_msgs_per_s"], 3)}]
+        return rows
     if scenario == "throughput":
         n = 5_000 if quick else 100_000
         return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")]
     if scenario == "latency":
         secs = 1.0 if quick else 10.0
-        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")]
+        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [e2e.embedded_latency(secs)]
     if scenario == "peak":
         n = 5_000 if quick else 300_000
         return [e2e.throughput(n, durability=d, backlog=256, mode="batch64") for d in ("batch", "fsync")]

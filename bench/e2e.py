@@ -143,6 +143,70 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     }
 
 
+def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "batch", backlog: int = 16) -> dict:
+    """An embedded dispatcher, one in-process worker over inproc://, a paced publisher
+    on the main thread; the host process otherwise idle."""
+    import threading
+
+    import zq
+    from zq.config import Config
+
+    n = int(seconds * rate)
+    tmp = tempfile.mkdtemp(prefix="zq-bench-embedded-")
+    d = zq.Dispatcher(Config(data=f"{tmp}/journal", bind=[], durability=durability)).start()
+    deliver_us: list[float] = []
+    confirm_us: list[float] = []
+    got = threading.Event()
+    try:
+        with zq.connect(d.inproc) as pub, zq.connect(d.inproc) as wc:
+            pub.publish(QUEUE, b"warm-up")
+            sub = wc.subscribe(QUEUE, max_backlog=backlog)
+
+            def work() -> None:
+                seen = 0
+                while seen <= n:
+                    msg = sub.get(timeout=30)
+                    if msg is None:
+                        return
+                    now = time.time_ns()
+                    if msg.data != b"warm-up":
+                        deliver_us.append((now - int.from_bytes(msg.data[:8], "big")) / 1000)
+                    msg.ack()
+                    seen += 1
+                got.set()
+
+            worker_thread = threading.Thread(target=work, name="bench-embedded-worker", daemon=True)
+            worker_thread.start()
+            payload = b"x" * 128
+            interval = 1e9 / rate
+            first = time.time_ns()
+            futures = []
+            for i in range(n):
+                target = first + i * interval
+                left = target - time.time_ns()
+                if left > 0:
+                    time.sleep(left / 1e9)  # never spin: in one process a spinning thread takes the GIL from zq
+                sent = time.time_ns()
+                f = pub.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
+                f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
+                futures.append(f)
+            for f in futures:
+                f.result(60)
+            if not got.wait(60):
+                raise RuntimeError(f"the embedded worker got {len(deliver_us)} of {n}")
+            sub.close()
+    finally:
+        d.stop()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability,
+        "transport": "inproc (embedded)", "messages": n, "publish_to_worker_us": percentiles(deliver_us),
+        "publish_to_confirm_us": percentiles(confirm_us),
+    }
+
+
 # ------------------------------------------------------------------ child processes
 
 

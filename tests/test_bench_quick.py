@@ -9,7 +9,7 @@ from bench.__main__ import main
 
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
-                                      "recovery", "peers", "filters", "claims", "kinds"])
+                                      "recovery", "peers", "filters", "claims", "kinds", "ceiling"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
     if scenario == "peers":
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]

@@ -231,8 +231,13 @@ class Subscription:
         return msg
 
     def _settle(self, op: str, msg: Message) -> None:
+        """Queue a settle; wake the I/O thread only when it may have to act: on the first
+        unsent settle (it then polls every ACK_DELAY), when the user has taken everything
+        received so far, or at half the backlog (``Client._settle_due`` decides)."""
+        first = not self.settle
         self.settle.append((op, msg.bookmark, msg._generation))
-        self.client._wake()
+        if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
+            self.client._wake()
 
     def replace(self, *, filter: str | None | type = ..., max_backlog: int | None = None, queue: str | None = None) -> int:
         """Change this subscription's filter, backlog or queue at once, keeping its leases.
@@ -900,6 +905,8 @@ def _chunks(items: list) -> Iterator[list]:
 
 def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
     for _ in range(limit):
+        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return  # nothing waiting: ask, rather than pay for a raised zmq.Again
         try:
             yield sock.recv(zmq.NOBLOCK)
         except zmq.Again:
