@@ -26,7 +26,14 @@ waiting message sits in exactly one of three ordered places:
   ``skip_gone`` and compacted later. A set-aside group message *holds* its group
   (``Group.held``): the group's later messages wait behind it, keeping group order.
 
-Dispatch repeatedly looks at the oldest candidate of the three places. A grouped
+Priority and sorted queues (``ordered``) use the same places keyed by *rank* instead
+of sequence number (``zq.core.ordering``: one int, ``(level << 64) | seq``): every
+ungrouped waiting message sits in the ``returned`` heap (the fifo stays empty), a
+grouped one waits in its group's pending array in publish order, and the group's head
+competes in ``ready`` by its rank. ``ranks`` remembers the rank of messages outside
+the heap (parked, set aside, leased), so they come back to the same place.
+
+Dispatch repeatedly looks at the oldest (best-ranked) candidate of the three places. A grouped
 message whose group cannot go is *parked* in its group's pending array, so a busy
 group never blocks the messages behind it (Qpid: groups never block each other).
 
