@@ -177,21 +177,7 @@ def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "b
 
             worker_thread = threading.Thread(target=work, name="bench-embedded-worker", daemon=True)
             worker_thread.start()
-            payload = b"x" * 128
-            interval = 1e9 / rate
-            first = time.time_ns()
-            futures = []
-            for i in range(n):
-                target = first + i * interval
-                left = target - time.time_ns()
-                if left > 0:
-                    time.sleep(left / 1e9)  # never spin: in one process a spinning thread takes the GIL from zq
-                sent = time.time_ns()
-                f = pub.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
-                f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
-                futures.append(f)
-            for f in futures:
-                f.result(60)
+            publish_paced(pub, n, rate, confirm_us)
             if not got.wait(60):
                 raise RuntimeError(f"the embedded worker got {len(deliver_us)} of {n}")
             sub.close()
@@ -230,22 +216,30 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
             for f in pending:
                 f.result(600)
         elif mode == "paced":
-            interval = 1e9 / rate
-            futures = []
-            for i in range(n):
-                target = first + i * interval
-                while (left := target - time.time_ns()) > 0:
-                    # sleep, never spin: a spinning thread holds the GIL and starves the
-                    # client's I/O thread for a whole switch interval (5 ms)
-                    time.sleep(left / 1e9 if left > 200_000 else 0)
-                sent = time.time_ns()
-                f = c.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
-                f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
-                futures.append(f)
-            for f in futures:
-                f.result(60)
+            publish_paced(c, n, rate, confirm_us)
         last = time.time_ns()
     print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
+
+
+def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:  # type: ignore[no-untyped-def]
+    """``n`` messages at ``rate`` per second, each carrying its send time; confirmations'
+    latencies go to ``confirm_us``. Sleeps, never spins: a spinning thread holds the GIL
+    and starves the client's I/O thread (and an embedded dispatcher) for a whole switch
+    interval (5 ms)."""
+    payload = b"x" * 128
+    interval = 1e9 / rate
+    first = time.time_ns()
+    futures = []
+    for i in range(n):
+        left = first + i * interval - time.time_ns()
+        if left > 0:
+            time.sleep(left / 1e9)
+        sent = time.time_ns()
+        f = client.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
+        f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
+        futures.append(f)
+    for f in futures:
+        f.result(60)
 
 
 def worker(endpoint: str, backlog: int, out: str) -> None:
