@@ -104,3 +104,28 @@ def test_dead_letters_into_a_target_depth_queue_wait_their_turn():
 def test_target_depth_refuses_kinds_that_need_every_message_in_memory(kind):
     with pytest.raises(ConfigError, match="target_queue_depth cannot be combined"):
         QueueSettings(name="q", target_queue_depth=5, **kind).validate()
+
+
+def test_a_refill_behind_many_other_records_goes_on_over_several_steps_without_stalling_one():
+    h = Harness(QueueSettings(name="deep", target_queue_depth=1), QueueSettings(name="busy"))
+    first = h.pub("deep")
+    h.sub("w", "deep", backlog=1)
+    assert h.drain() == {"w": first}
+    h.pub("deep", 2)  # journal-only: the one in memory is leased
+    h.drain()
+    h.pub("busy", 5000)  # another topic's records between the cursor and ...
+    last = h.pub("deep", 3)  # ... these, journal-only too
+    h.drain()
+    q = h.engine.queues["deep"]
+    assert q.inactive == 5
+    got = list(first)
+    steps = budget_hit = 0
+    while len(got) < 6 and steps < 50:
+        steps += 1
+        h.engine.ack("w", got[-1:], h.now)
+        out = h.drain().get("w", [])
+        got += out
+        if q.tqd_scanning:  # the step stopped at its scan budget and asks to run again at once
+            budget_hit += 1
+            assert h.engine.next_deadline_ms() == h.now
+    assert got[-3:] == last and len(got) == 6 and budget_hit >= 1

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from zq.core.queue import Queue, Subscription
 
 _SCAN_MIN = 256  # read at least this many records per scan: batch the journal reads
+_SCAN_ROUNDS = 16  # scans per refill at most: other topics' records must not stall the loop
 
 
 class TargetDepthMixin:
@@ -46,7 +47,10 @@ class TargetDepthMixin:
         want = q.tqd - q.active()
         scan = self.scan
         assert scan is not None
-        while want > 0 and q.inactive:
+        q.tqd_scanning = False
+        for _ in range(_SCAN_ROUNDS):
+            if want <= 0 or not q.inactive:
+                break
             batch = scan(q.tqd_cursor, max(want, _SCAN_MIN))
             if not batch:
                 return  # the rest is not committed yet: a later step finds it
@@ -62,6 +66,8 @@ class TargetDepthMixin:
                 want -= 1
                 if want == 0 or not q.inactive:
                     break
+        else:
+            q.tqd_scanning = bool(want > 0 and q.inactive)  # budget spent: the next step goes on
         if not q.inactive:
             q.tqd_cursor = max(q.tqd_cursor, self.next_seq)
 

@@ -289,11 +289,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
 
     def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
                     header: str | None) -> None:
-        if q.tqd:
-            if not q.admits():
-                q.hold_back(seq)
-                return
-            q.admitted(seq)
+        if q.tqd and not q.admit(seq):
+            return  # journal-only for now: read back as the queue drains
         if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
             q.enqueue(seq, 0)
             q.barriers.append(seq)
@@ -338,11 +335,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
         counts toward the queue's limits (ring queues make room)."""
-        if q.tqd:
-            if not q.admits():
-                q.hold_back(seq)
-                return
-            q.admitted(seq)
+        if q.tqd and not q.admit(seq):
+            return  # journal-only for now: read back as the queue drains
         if q.barrier_fn is not None:
             m = self.message(seq)
             if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
@@ -597,9 +591,12 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q.advance(self.now_ms, self.watermark(q))
 
     def next_deadline_ms(self) -> int | None:
-        """When ``advance`` next has work (a lease ends or a message ages out)."""
+        """When ``advance`` next has work (a lease ends or a message ages out, or a
+        target-depth refill is part way through its scan)."""
         best = None
         for q in self.queues.values():
+            if q.tqd_scanning:
+                return self.now_ms
             d = q.next_deadline_ms()
             e = self.next_expiry_ms(q)
             for x in (d, e):
@@ -869,11 +866,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     m = msg if msg.copy_of is None else eng.message(msg.seq)
                     if m is None or not q.filter(m.headers, m.payload, m.topic):
                         continue
-                if q.tqd:
-                    if not q.admits():
-                        q.hold_back(msg.seq)  # stays in the journal: read in as the queue drains
-                        continue
-                    q.admitted(msg.seq)
+                if q.tqd and not q.admit(msg.seq):
+                    continue  # stays in the journal: read in as the queue drains
                 gid = 0
                 barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
                 if q.grouped and not barrier:

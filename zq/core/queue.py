@@ -196,6 +196,7 @@ class Queue:
         self.inactive = 0  # messages of the queue in the journal only, at or above tqd_cursor
         self.tqd_cursor = 0
         self.early_acks: set[int] = set()  # inactive messages acknowledged before they were read in
+        self.tqd_scanning = False  # a refill stopped at its scan budget: go on at the next step
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -312,7 +313,6 @@ class Queue:
         filtered = self.filtered
         ordered = self.ordered
         offered = self.key_floor  # every live set-aside message ranked below this was offered
-
         n = len(fifo)
         while True:
             # The first candidate of the three places, by rank (_NONE stands for "none").
@@ -764,19 +764,17 @@ class Queue:
     def active(self) -> int:
         return self.depth + len(self.lease_of)
 
-    def admits(self) -> bool:
-        """May a new message go straight into the active part (TargetQueueDepth)?"""
-        return not self.inactive and self.depth + len(self.lease_of) < self.tqd
-
-    def admitted(self, seq: int) -> None:
-        self.tqd_cursor = seq + 1
-
-    def hold_back(self, seq: int) -> None:
-        """The message stays in the journal only (its queue's active part is full)."""
+    def admit(self, seq: int) -> bool:
+        """TargetQueueDepth: does new message ``seq`` go straight into the active part? If
+        not, it stays in the journal only (counted, read back later in order)."""
+        if not self.inactive and self.active() < self.tqd:
+            self.tqd_cursor = seq + 1
+            return True
         if not self.inactive:
             self.tqd_cursor = seq
         self.inactive += 1
         self.published += 1
+        return False
 
     def would_overflow(self, count: int, size: int) -> bool:
         s = self.settings
