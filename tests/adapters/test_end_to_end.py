@@ -76,8 +76,9 @@ def test_a_worker_killed_mid_batch_has_its_messages_redelivered_to_the_others(se
     assert all(got[b] >= 2 for b in held), "the held ones came back as redeliveries"
 
 
-def test_the_server_killed_under_load_loses_no_confirmed_message_and_redelivers_no_acked_one(tmp_path):
-    server = ServerProcess(tmp_path).start()
+@pytest.mark.parametrize("durability", ["batch", "fsync"])
+def test_the_server_killed_under_load_loses_no_confirmed_message_and_redelivers_no_acked_one(tmp_path, durability):
+    server = ServerProcess(tmp_path, "--durability", durability).start()
     worker = WorkerProcess(server.endpoint, "jobs", tmp_path / "w.log", backlog=8)
     confirmed: list[int] = []
     try:
@@ -190,8 +191,9 @@ def test_a_silent_worker_is_declared_dead_and_its_leases_break(tmp_path):
         server.terminate()
 
 
-def test_sigterm_shuts_down_cleanly_and_nothing_confirmed_or_acked_is_lost(tmp_path):
-    server = ServerProcess(tmp_path).start()
+@pytest.mark.parametrize("durability", ["batch", "fsync"])
+def test_sigterm_shuts_down_cleanly_and_nothing_confirmed_or_acked_is_lost(tmp_path, durability):
+    server = ServerProcess(tmp_path, "--durability", durability).start()
     with Client(server.endpoint) as c:
         bookmarks = c.publish_many("jobs", [f"m{i}" for i in range(10)])
         with c.subscribe("jobs", max_backlog=4) as sub:
