@@ -13,6 +13,17 @@ from .helpers import Harness
 TQD = QueueSettings(name="deep", target_queue_depth=3, allow_ack_unleased=True)
 
 
+def work_through(h: Harness, sub: str, steps: int, each=lambda: True) -> list[int]:  # type: ignore[no-untyped-def]
+    """A worker that acks everything it gets, for ``steps`` steps; ``each`` must hold after every step."""
+    got: list[int] = []
+    for _ in range(steps):
+        out = h.drain().get(sub, [])
+        got += out
+        h.engine.ack(sub, out, h.now)
+        assert each()
+    return got
+
+
 def test_only_the_first_n_are_active_and_the_rest_are_read_in_as_the_queue_drains():
     h = Harness(TQD)
     seqs = h.pub("deep", 10)
@@ -23,14 +34,7 @@ def test_only_the_first_n_are_active_and_the_rest_are_read_in_as_the_queue_drain
     stats = h.engine.stats()["queues"]["deep"]
     assert (stats["depth"], stats["inactive"], stats["kind"]) == (3, 7, "tqd=3")
     h.sub("w", "deep", backlog=2)
-    got = []
-    for _ in range(20):
-        out = h.drain().get("w", [])
-        got += out
-        h.engine.ack("w", out, h.now)
-        assert q.active() <= 3
-        if len(got) == 10:
-            break
+    got = work_through(h, "w", steps=20, each=lambda: q.active() <= 3)
     assert got == seqs  # in order, nothing lost, nothing twice
     assert (q.depth, q.inactive, len(q.lease_of)) == (0, 0, 0)
     h.drain()
@@ -91,11 +95,7 @@ def test_dead_letters_into_a_target_depth_queue_wait_their_turn():
     dlq = h.engine.queues["dlq"]
     assert (dlq.depth, dlq.inactive) == (1, 2)
     h.sub("d", "dlq", backlog=5)
-    got = []
-    for _ in range(5):
-        out = h.drain().get("d", [])
-        got += out
-        h.engine.ack("d", out, h.now)
+    got = work_through(h, "d", steps=5)
     assert len(got) == 3 and got == sorted(got)
 
 
