@@ -93,7 +93,8 @@ def run(scenario: str, quick: bool) -> list[dict]:
         return rows
     if scenario == "throughput":
         n = 5_000 if quick else 100_000
-        return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")]
+        return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")] + [
+            e2e.throughput(n, durability="batch", batched_workers=True)]
     if scenario == "latency":
         secs = 1.0 if quick else 10.0
         return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [e2e.embedded_latency(secs)]

@@ -44,7 +44,7 @@ def percentiles(values: list[float], ps=(50, 99, 99.9)) -> dict:
 class Fleet:
     """A `zq serve` and N worker processes; workers report on SIGTERM."""
 
-    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0) -> None:
+    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, batched: bool = False) -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.server = subprocess.Popen(
@@ -57,7 +57,8 @@ class Fleet:
             c.publish(QUEUE, b"warm-up")  # creates the queue; drained by the first worker
         self.outs = [Path(self.tmp) / f"w{i}.json" for i in range(workers)]
         self.workers = [
-            subprocess.Popen([sys.executable, "-m", "bench.e2e", "worker", self.endpoint, str(backlog), str(out)], env=child_env())
+            subprocess.Popen([sys.executable, "-m", "bench.e2e", "worker", self.endpoint, str(backlog), str(out),
+                              "batched" if batched else "single"], env=child_env())
             for out in self.outs
         ]
         deadline = time.monotonic() + 30
@@ -109,8 +110,9 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
     return json.loads(out.stdout)
 
 
-def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0) -> dict:
-    fleet = Fleet(workers, backlog, durability, groups)
+def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
+               batched_workers: bool = False) -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, batched=batched_workers)
     try:
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
         fleet.wait_acked(n, timeout=600)
@@ -122,7 +124,8 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     confirmed = n / ((prod["last_confirm_ns"] - prod["first_ns"]) / 1e9)
     return {
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
-        "publish": mode, "groups": groups, "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
+        "publish": mode, "groups": groups, "workers_take": "batches" if batched_workers else "one at a time",
+        "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         "worker_shares": [r["count"] for r in reports],
     }
 
@@ -242,7 +245,9 @@ def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:
         f.result(60)
 
 
-def worker(endpoint: str, backlog: int, out: str) -> None:
+def worker(endpoint: str, backlog: int, out: str, batched: bool = False) -> None:
+    """One message at a time (get / ack), or ``batched``: what has arrived at once
+    (get_many / ack_many, as a Redis worker's XREADGROUP COUNT + XACK)."""
     from zq.client import Client
 
     stop = []
@@ -250,16 +255,20 @@ def worker(endpoint: str, backlog: int, out: str) -> None:
     count, last_ack, latencies = 0, 0, []
     with Client(endpoint, name=f"bench-worker-{os.getpid()}") as c, c.subscribe(QUEUE, max_backlog=backlog) as sub:
         while not stop:
-            msg = sub.get(timeout=0.1)
-            if msg is None:
+            msgs = sub.get_many(backlog, timeout=0.1) if batched else [m for m in [sub.get(timeout=0.1)] if m is not None]
+            if not msgs:
                 continue
             now = time.time_ns()
-            if msg.data != b"warm-up":
-                sent = int.from_bytes(msg.data[:8], "big")
-                if sent > 1_000_000_000_000_000_000:  # a paced message carries its send time
-                    latencies.append((now - sent) / 1000)
-            msg.ack()
-            count += 1
+            for msg in msgs:
+                if msg.data != b"warm-up":
+                    sent = int.from_bytes(msg.data[:8], "big")
+                    if sent > 1_000_000_000_000_000_000:  # a paced message carries its send time
+                        latencies.append((now - sent) / 1000)
+            if batched:
+                sub.ack_many(msgs)
+            else:
+                msgs[0].ack()
+            count += len(msgs)
             last_ack = now
     Path(out).write_text(json.dumps({"count": count, "last_ack_ns": last_ack, "latencies_us": latencies}))
 
@@ -269,4 +278,4 @@ if __name__ == "__main__":
     if role == "producer":
         producer(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
     elif role == "worker":
-        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], batched=len(sys.argv) > 5 and sys.argv[5] == "batched")

@@ -20,11 +20,10 @@ from zq.client import Client, Message, Subscription
 
 
 class AsyncSubscription:
-    def __init__(self, sub: Subscription, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sub: Subscription, queue: asyncio.Queue[list[Message]]) -> None:
         self.sub = sub
-        self.queue: asyncio.Queue[list[Message]] = asyncio.Queue()
+        self.queue = queue  # filled by the subscription's sink, set before it subscribed
         self.local: list[Message] = []
-        sub.sink = lambda batch: loop.call_soon_threadsafe(self.queue.put_nowait, batch)
 
     @property
     def backlog(self) -> int:
@@ -45,6 +44,27 @@ class AsyncSubscription:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except asyncio.TimeoutError:
             return None
+
+    async def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages``: waits for the first, then takes what has arrived."""
+        first = await self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_messages:
+            if not self.local:
+                try:
+                    batch = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                self.local = [m for m in batch if m._generation == self.sub.client.generation]
+                self.local.reverse()
+                continue
+            out.append(self.local.pop())
+        return out
+
+    def ack_many(self, messages: list[Message]) -> None:
+        self.sub.ack_many(messages)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.sub.close)
@@ -82,8 +102,14 @@ class AsyncClient:
 
     async def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> AsyncSubscription:
         loop = asyncio.get_running_loop()
-        sub = await loop.run_in_executor(None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter))
-        return AsyncSubscription(sub, loop)
+        inbox: asyncio.Queue[list[Message]] = asyncio.Queue()
+
+        def sink(batch: list[Message]) -> None:  # on the client's I/O thread
+            loop.call_soon_threadsafe(inbox.put_nowait, batch)
+
+        sub = await loop.run_in_executor(
+            None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter, sink=sink))
+        return AsyncSubscription(sub, inbox)
 
     async def stats(self) -> dict:
         return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)

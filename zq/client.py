@@ -222,6 +222,48 @@ class Subscription:
             self.local.extend(Message(r, n, self, generation) for r, n in batch)
         return self.local.popleft()
 
+    def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages`` messages: waits (up to ``timeout``) for the first, then
+        takes what has already arrived, without waiting for more. Empty on timeout.
+
+        With ``ack_many`` this is the batch path (as SQS ReceiveMessage or a NATS fetch):
+        one call and one settle per batch instead of one per message."""
+        first = self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        local = self.local
+        while len(out) < max_messages:
+            if not local:
+                try:
+                    item = self.inbox.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if item is None or item is _END:
+                    if item is _END:
+                        self.inbox.put(_END)  # the next get() ends the iteration
+                    break
+                generation, batch = item
+                if generation != self.client.generation:
+                    continue
+                local.extend(Message(r, n, self, generation) for r, n in batch)
+                continue
+            out.append(local.popleft())
+        return out
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge several messages with one wake-up of the I/O thread."""
+        self._settle_many("ack", messages)
+
+    def cancel_many(self, messages: Iterable[Message]) -> None:
+        self._settle_many("cancel", messages)
+
+    def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
+        settle = self.settle
+        settle.extend((op, m.bookmark, m._generation) for m in messages if m.deliveries)
+        if settle:
+            self.client._wake()
+
     def __iter__(self) -> Iterator[Message]:
         return self
 
@@ -419,9 +461,13 @@ class Client:
         self._check_open()
         return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
 
-    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0) -> Subscription:
+    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0,
+                  sink: Callable[[list[Message]], None] | None = None) -> Subscription:
+        """``sink``: deliveries go to this callable (on the I/O thread) instead of ``get``;
+        set before the SUBSCRIBE leaves, so no delivery can miss it (the asyncio client)."""
         self._check_open()
         sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog, filter)
+        sub.sink = sink
         self._subs[sub.sub_id] = sub
         try:
             sub.backlog = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter), timeout=timeout)

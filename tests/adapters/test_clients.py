@@ -46,6 +46,25 @@ def test_lease_operations_from_the_client(dispatcher):
         assert st["ops"]["expired"] == 1 and st["ops.dead"]["depth"] == 1
 
 
+def test_workers_take_and_settle_messages_in_batches(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        sent = c.publish_many("batchy", [f"m{i}" for i in range(100)])
+        with c.subscribe("batchy", max_backlog=16) as sub:
+            first = sub.get_many(10, timeout=5)
+            assert 1 <= len(first) <= 10
+            sub.cancel_many(first)  # all back in their places
+            got: list[int] = []
+            while len(got) < 100:
+                batch = sub.get_many(10, timeout=5)
+                assert 1 <= len(batch) <= 10, "at least one (it waits for it), at most what was asked"
+                got += [m.bookmark for m in batch]
+                sub.ack_many(batch)
+            assert sub.get_many(10, timeout=0.05) == []  # nothing left: empty after the timeout
+        assert sorted(got) == sent  # each once, the cancelled ones included
+        wait_until(lambda: c.stats()["queues"]["batchy"]["acked"] == 100, what="every message acked")
+        assert c.stats()["queues"]["batchy"]["cancelled"] == len(first)
+
+
 def test_publish_async_keeps_a_bounded_window_and_confirms_in_order(dispatcher):
     with zq.connect(dispatcher.inproc, window=8) as c:
         futures = [c.publish_async("win", f"m{i}") for i in range(100)]
@@ -73,6 +92,15 @@ def test_asyncio_client_has_the_same_shape(dispatcher):
                     msg.ack()
                     if len(got) == 5:
                         break
+            await c.publish_many("aio.batch", [f"b{i}" for i in range(6)])
+            batched = []
+            async with await c.subscribe("aio.batch", max_backlog=8) as sub:
+                while len(batched) < 6:
+                    batch = await sub.get_many(4, timeout=5)
+                    assert 1 <= len(batch) <= 4
+                    batched += [m.data for m in batch]
+                    sub.ack_many(batch)
+            assert batched == [f"b{i}".encode() for i in range(6)]
             await c.publish("aio", b'{"n": 1}')
             claimed = await c.claim("aio", limit=5, wait=1)
             claimed[0].ack()
