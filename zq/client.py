@@ -211,16 +211,20 @@ class Subscription:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            if item is _END:  # a replay's END: everything before it was taken
+            if not self._take(item):  # a replay's END: everything before it was taken
                 self.ended = True
                 raise StopIteration
-            if item is None:
-                continue
-            generation, batch = item
-            if generation != self.client.generation:
-                continue  # from a session that is gone: the server will deliver again
-            self.local.extend(Message(r, n, self, generation) for r, n in batch)
         return self.local.popleft()
+
+    def _take(self, item: tuple[int, list[tuple[R.Message, int]]] | None | object) -> bool:
+        """Move an inbox item's messages into ``local``; False for a replay's END."""
+        if item is _END:
+            return False
+        if item is not None:
+            generation, batch = item  # type: ignore[misc]
+            if generation == self.client.generation:  # else: a session that is gone; redelivered
+                self.local.extend(Message(r, n, self, generation) for r, n in batch)
+        return True
 
     def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Up to ``max_messages`` messages: waits (up to ``timeout``) for the first, then
@@ -234,21 +238,16 @@ class Subscription:
         out = [first]
         local = self.local
         while len(out) < max_messages:
-            if not local:
-                try:
-                    item = self.inbox.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if item is None or item is _END:
-                    if item is _END:
-                        self.inbox.put(_END)  # the next get() ends the iteration
-                    break
-                generation, batch = item
-                if generation != self.client.generation:
-                    continue
-                local.extend(Message(r, n, self, generation) for r, n in batch)
+            if local:
+                out.append(local.popleft())
                 continue
-            out.append(local.popleft())
+            try:
+                item = self.inbox.get_nowait()
+            except queue_mod.Empty:
+                break
+            if not self._take(item):
+                self.inbox.put(_END)  # the next get() ends the iteration
+                break
         return out
 
     def ack_many(self, messages: Iterable[Message]) -> None:

@@ -9,7 +9,14 @@ import zq
 from zq.config import Config
 from zq.core.settings import QueueSettings
 
-from .support import wait_until
+from .support import ServerProcess, wait_until
+
+
+def server_with_config(tmp_path, toml: str) -> ServerProcess:  # type: ignore[no-untyped-def]
+    """A real `zq serve` process reading ``toml`` as its zq.toml."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text(toml)
+    return ServerProcess(tmp_path, config=cfg).start()
 
 
 def dispatcher_with(tmp_path, *queues: QueueSettings):  # type: ignore[no-untyped-def]
@@ -52,11 +59,7 @@ def test_reject_and_ring_over_the_wire(tmp_path):
 
 
 def test_a_last_value_queue_over_the_wire_and_across_a_restart(tmp_path):
-    from .support import ServerProcess
-
-    cfg = tmp_path / "zq.toml"
-    cfg.write_text('[[queue]]\nname = "prices"\nlvq_key = "symbol"\n')
-    server = ServerProcess(tmp_path, config=cfg).start()
+    server = server_with_config(tmp_path, '[[queue]]\nname = "prices"\nlvq_key = "symbol"\n')
     try:
         with zq.connect(server.endpoint) as c:
             for sym, px in [("A", "1"), ("B", "5"), ("A", "2"), ("A", "3")]:
@@ -115,11 +118,7 @@ def test_browse_only_over_the_wire(tmp_path):
 
 
 def test_priority_and_sorted_queues_over_the_wire_and_across_a_restart(tmp_path):
-    from .support import ServerProcess
-
-    cfg = tmp_path / "zq.toml"
-    cfg.write_text('[[queue]]\nname = "orders"\npriority = "/price * /qty"\n')
-    server = ServerProcess(tmp_path, config=cfg).start()
+    server = server_with_config(tmp_path, '[[queue]]\nname = "orders"\npriority = "/price * /qty"\n')
     orders = [(10, 5), (2, 100), (99, 1), (10, 50)]  # notional 50, 200, 99, 500
     try:
         with zq.connect(server.endpoint) as c:
@@ -151,11 +150,7 @@ def test_priority_and_sorted_queues_over_the_wire_and_across_a_restart(tmp_path)
 
 
 def test_target_queue_depth_over_the_wire_and_across_a_restart(tmp_path):
-    from .support import ServerProcess
-
-    cfg = tmp_path / "zq.toml"
-    cfg.write_text('[[queue]]\nname = "deep"\ntarget_queue_depth = 5\nallow_ack_unleased = true\n')
-    server = ServerProcess(tmp_path, config=cfg).start()
+    server = server_with_config(tmp_path, '[[queue]]\nname = "deep"\ntarget_queue_depth = 5\nallow_ack_unleased = true\n')
     try:
         with zq.connect(server.endpoint) as c:
             seqs = c.publish_many("deep", [f"m{i}" for i in range(40)])

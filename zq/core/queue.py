@@ -294,8 +294,7 @@ class Queue:
 
     def push_ready(self, grp: Group) -> None:
         """The group can go: its head competes for dispatch by its rank."""
-        head = grp.pending[grp.phead]
-        heapq.heappush(self.ready, (self.ranks[head] if self.ordered else head, grp.gid))
+        heapq.heappush(self.ready, (self.key_of(grp.pending[grp.phead]), grp.gid))
 
     # --------------------------------------------------------------- dispatch
 
