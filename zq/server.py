@@ -405,7 +405,7 @@ class Server:
     def reply(self, peer_id: bytes, msg: object) -> None:
         self.held.append((peer_id, wire.encode(msg)))
 
-    def send(self, peer_id: bytes, frame: bytes) -> bool:
+    def send(self, peer_id: bytes, frame: bytes | zmq.Frame) -> bool:
         try:
             self.sock.send(peer_id, zmq.SNDMORE | zmq.NOBLOCK)
             self.sock.send(frame, zmq.NOBLOCK)

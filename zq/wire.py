@@ -210,13 +210,16 @@ class End(_Cmd, tag="end"):
 
 class Records(_Cmd, tag="records"):
     """A RANGE answer: the records as stored, as one msgpack array in ``blob``; read on
-    from ``next``; ``done`` when the range is exhausted."""
+    from ``next``; ``done`` when the range is exhausted. ``sizes``: each record's size
+    in bytes (little-endian uint32s), so a reader can parse every record at once.
+    ``blob`` decodes as a view into the received frame: megabytes, not copied again."""
 
     req: int
     kind: str
-    blob: bytes
+    blob: memoryview
     next: int
     done: bool
+    sizes: bytes = b""
 
 
 class Refused(_Cmd, tag="refused"):
