@@ -15,6 +15,11 @@ def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
         if missing:
             pytest.skip(f"peer servers not installed: {missing} (apt-get install redis-server nats-server rabbitmq-server)")
+    check_quick_run(scenario, tmp_path, capsys)
+
+
+def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Run ``scenario --quick``; its JSON, table and plot must be complete and sane."""
     out = tmp_path / "r.json"
     assert main(["run", scenario, "--quick", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
