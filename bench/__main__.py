@@ -94,10 +94,11 @@ def run(scenario: str, quick: bool) -> list[dict]:
     if scenario == "throughput":
         n = 5_000 if quick else 100_000
         return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")] + [
-            e2e.throughput(n, durability="batch", batched_workers=True)]
+            e2e.throughput(n, durability="batch", consumer=c) for c in ("client", "client-batches")]
     if scenario == "latency":
         secs = 1.0 if quick else 10.0
-        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [e2e.embedded_latency(secs)]
+        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
+            e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs)]
     if scenario == "peak":
         n = 5_000 if quick else 300_000
         return [e2e.throughput(n, durability=d, backlog=256, mode="batch64") for d in ("batch", "fsync")]

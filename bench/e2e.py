@@ -44,7 +44,7 @@ def percentiles(values: list[float], ps=(50, 99, 99.9)) -> dict:
 class Fleet:
     """A `zq serve` and N worker processes; workers report on SIGTERM."""
 
-    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, batched: bool = False) -> None:
+    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker") -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.server = subprocess.Popen(
@@ -57,8 +57,8 @@ class Fleet:
             c.publish(QUEUE, b"warm-up")  # creates the queue; drained by the first worker
         self.outs = [Path(self.tmp) / f"w{i}.json" for i in range(workers)]
         self.workers = [
-            subprocess.Popen([sys.executable, "-m", "bench.e2e", "worker", self.endpoint, str(backlog), str(out),
-                              "batched" if batched else "single"], env=child_env())
+            subprocess.Popen([sys.executable, "-m", "bench.e2e", "worker", self.endpoint, str(backlog), str(out), consumer],
+                             env=child_env())
             for out in self.outs
         ]
         deadline = time.monotonic() + 30
@@ -111,8 +111,8 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
 
 
 def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
-               batched_workers: bool = False) -> dict:
-    fleet = Fleet(workers, backlog, durability, groups, batched=batched_workers)
+               consumer: str = "worker") -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, consumer)
     try:
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
         fleet.wait_acked(n, timeout=600)
@@ -124,15 +124,16 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     confirmed = n / ((prod["last_confirm_ns"] - prod["first_ns"]) / 1e9)
     return {
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
-        "publish": mode, "groups": groups, "workers_take": "batches" if batched_workers else "one at a time",
+        "publish": mode, "groups": groups, "consumer": CONSUMERS[consumer],
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         "worker_shares": [r["count"] for r in reports],
     }
 
 
-def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", workers: int = 4, backlog: int = 16) -> dict:
+def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", workers: int = 4, backlog: int = 16,
+            consumer: str = "worker") -> dict:
     n = int(seconds * rate)
-    fleet = Fleet(workers, backlog, durability)
+    fleet = Fleet(workers, backlog, durability, consumer=consumer)
     try:
         prod = run_producer(fleet.endpoint, n, "paced", 0, rate)
         fleet.wait_acked(n, timeout=60 + seconds)
@@ -142,6 +143,7 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     deliver = [x for r in reports for x in r["latencies_us"]]
     return {
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability, "transport": "tcp loopback",
+        "consumer": CONSUMERS[consumer],
         "messages": n, "publish_to_worker_us": percentiles(deliver), "publish_to_confirm_us": percentiles(prod["confirm_us"]),
     }
 
@@ -245,17 +247,38 @@ def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:
         f.result(60)
 
 
-def worker(endpoint: str, backlog: int, out: str, batched: bool = False) -> None:
-    """One message at a time (get / ack), or ``batched``: what has arrived at once
-    (get_many / ack_many, as a Redis worker's XREADGROUP COUNT + XACK)."""
+CONSUMERS = {
+    "worker": "zq.Worker, batches (get_many / ack_many)",
+    "client": "zq.Client, one at a time (get / ack)",
+    "client-batches": "zq.Client, batches (get_many / ack_many)",
+}
+
+
+def worker(endpoint: str, backlog: int, out: str, consumer: str = "worker") -> None:
+    """A worker process: ``zq.Worker`` (single-threaded, the socket read in this
+    thread) taking what has arrived at once, as a Redis worker's XREADGROUP COUNT +
+    XACK; or ``zq.Client`` (an I/O thread) one message at a time, or in batches."""
     from zq.client import Client
+    from zq.worker import Worker
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     count, last_ack, latencies = 0, 0, []
-    with Client(endpoint, name=f"bench-worker-{os.getpid()}") as c, c.subscribe(QUEUE, max_backlog=backlog) as sub:
+    name = f"bench-worker-{os.getpid()}"
+    if consumer == "worker":
+        sub = Worker(endpoint, QUEUE, max_backlog=backlog, name=name)
+        client = None
+        take, settle = (lambda: sub.get_many(backlog, timeout=0.1)), sub.ack_many
+    else:
+        client = Client(endpoint, name=name)
+        sub = client.subscribe(QUEUE, max_backlog=backlog)
+        if consumer == "client-batches":
+            take, settle = (lambda: sub.get_many(backlog, timeout=0.1)), sub.ack_many
+        else:
+            take, settle = (lambda: [m for m in [sub.get(timeout=0.1)] if m is not None]), (lambda ms: ms[0].ack())
+    try:
         while not stop:
-            msgs = sub.get_many(backlog, timeout=0.1) if batched else [m for m in [sub.get(timeout=0.1)] if m is not None]
+            msgs = take()
             if not msgs:
                 continue
             now = time.time_ns()
@@ -264,12 +287,13 @@ def worker(endpoint: str, backlog: int, out: str, batched: bool = False) -> None
                     sent = int.from_bytes(msg.data[:8], "big")
                     if sent > 1_000_000_000_000_000_000:  # a paced message carries its send time
                         latencies.append((now - sent) / 1000)
-            if batched:
-                sub.ack_many(msgs)
-            else:
-                msgs[0].ack()
+            settle(msgs)
             count += len(msgs)
             last_ack = now
+    finally:
+        sub.close()
+        if client is not None:
+            client.close()
     Path(out).write_text(json.dumps({"count": count, "last_ack_ns": last_ack, "latencies_us": latencies}))
 
 
@@ -278,4 +302,4 @@ if __name__ == "__main__":
     if role == "producer":
         producer(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
     elif role == "worker":
-        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], batched=len(sys.argv) > 5 and sys.argv[5] == "batched")
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "worker")

@@ -23,6 +23,7 @@ from zq.core.errors import (
     ZqError,
 )
 from zq.server import Dispatcher, Server
+from zq.worker import Worker
 
 __all__ = [
     "Client",
@@ -38,6 +39,7 @@ __all__ = [
     "Server",
     "Subscription",
     "UnknownQueueError",
+    "Worker",
     "ZqError",
     "__version__",
     "aio",
