@@ -176,7 +176,22 @@ class Message:
 _END = object()  # in a replay's inbox: its END arrived; nothing follows
 
 
-class Subscription:
+class MessageStream:
+    """``for msg in sub``: each step is a ``get()`` with no timeout."""
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        msg = self.get()
+        assert msg is not None
+        return msg
+
+
+class Subscription(MessageStream):
     """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
 
     def __init__(self, client: "Client", sub_id: str, queue: str, max_backlog: int, filter: str | None = None) -> None:
@@ -262,14 +277,6 @@ class Subscription:
         settle.extend((op, m.bookmark, m._generation) for m in messages if m.deliveries)
         if settle:
             self.client._wake()
-
-    def __iter__(self) -> Iterator[Message]:
-        return self
-
-    def __next__(self) -> Message:
-        msg = self.get()
-        assert msg is not None
-        return msg
 
     def _settle(self, op: str, msg: Message) -> None:
         """Queue a settle; wake the I/O thread only when it may have to act: on the first

@@ -136,26 +136,10 @@ class RangeReader:
         if target.startswith("^"):
             pattern = re.compile(target)
             return lambda topic: pattern.fullmatch(topic) is not None
-        return target  # an exact topic: read_records compares encoded bytes
+        return target  # an exact topic: select_records compares encoded bytes
 
 
 _KEY = struct.Struct(">Q")
-
-
-def read_records(
-    journal,  # type: ignore[no-untyped-def]
-    kind: str,
-    start: int,
-    end: int | None,
-    match: Callable[[str], bool] | str | None = None,
-    queue: str | None = None,
-    limit: int = RANGE_RECORDS_MAX,
-) -> tuple[bytes, bytes, int, bool]:
-    """Stored records of ``kind`` in [start, end) as one msgpack array; each record's
-    size (``record_sizes``); the next bookmark to read from; whether the range is
-    exhausted. One short read transaction (``select_records``)."""
-    raws, nxt, exhausted = select_records(journal, kind, start, end, match, queue, limit)
-    return msgpack_array(raws), record_sizes(raws), nxt, exhausted
 
 
 def select_records(

@@ -194,10 +194,11 @@ class Journal:
             r = self.client.read_range(o.kind, start, end, server_target, o.batch_rows)
             blob, sizes, nxt, done = r.blob, r.sizes, r.next, r.done
         else:
-            from zq.ranges import read_records
+            from zq.ranges import msgpack_array, record_sizes, select_records
 
-            blob, sizes, nxt, done = read_records(self.local, o.kind, start, end, None,
-                                                  o.target if o.kind == "events" else None, o.batch_rows)
+            raws, nxt, done = select_records(self.local, o.kind, start, end, None,
+                                             o.target if o.kind == "events" else None, o.batch_rows)
+            blob, sizes = msgpack_array(raws), record_sizes(raws)
         if o.kind == "events":
             return events_batch(decode_events(blob)), nxt, done
         batch = messages_batch(blob, sizes, o.group_header)

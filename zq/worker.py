@@ -33,20 +33,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import msgspec
 import zmq
 
 from zq import wire
-from zq.client import ConnectionLost, Message, error_from
+from zq.client import ConnectionLost, Message, MessageStream, error_from
 
 log = logging.getLogger("zq.worker")
 
 _SETTLES = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
 
 
-class Worker:
+class Worker(MessageStream):
     """Consume one queue from the calling thread (see module docstring).
 
     >>> with zq.Worker("tcp://127.0.0.1:7780", "jobs", max_backlog=16) as w:  # doctest: +SKIP
@@ -159,14 +159,6 @@ class Worker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __iter__(self) -> Iterator[Message]:
-        return self
-
-    def __next__(self) -> Message:
-        msg = self.get()
-        assert msg is not None
-        return msg
 
     # ----------------------------------------------- what Message calls back
 

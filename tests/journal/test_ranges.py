@@ -12,7 +12,6 @@ from zq.ranges import (
     RANGE_BYTES_MAX,
     decode_messages,
     msgpack_array,
-    read_records,
     record_seq,
     record_sizes,
     records_frame,
@@ -30,8 +29,8 @@ def journal_with(tmp_path, records) -> LmdbJournal:
 def test_a_range_stops_before_its_end_bookmark_and_says_where_to_go_on(tmp_path):
     # Messages on every third bookmark (events would sit between): the msgs table has gaps.
     j = journal_with(tmp_path, [R.Message(s, 1, "t", {}, b"p%d" % s) for s in range(0, 3000, 3)])
-    blob, _, nxt, done = read_records(j, "messages", 10, 100)
-    assert [m.seq for m in decode_messages(blob)] == list(range(12, 100, 3))
+    raws, nxt, done = select_records(j, "messages", 10, 100)
+    assert [m.seq for m in decode_messages(msgpack_array(raws))] == list(range(12, 100, 3))
     assert (nxt, done) == (100, True)  # exhausted up to the end asked for
     raws, nxt, done = select_records(j, "messages", 10, None, limit=5)
     assert [record_seq(r) for r in raws] == [12, 15, 18, 21, 24] and (nxt, done) == (25, False)
@@ -43,11 +42,10 @@ def test_a_range_stops_before_its_end_bookmark_and_says_where_to_go_on(tmp_path)
 
 def test_sizes_locate_every_record_of_the_blob(tmp_path):
     j = journal_with(tmp_path, [R.Message(s, 1, "t", {"k": "v" * s}, b"x" * s) for s in range(1, 40)])
-    blob, sizes, _, _ = read_records(j, "messages", 0, None)
-    lengths = [int.from_bytes(sizes[i : i + 4], "little") for i in range(0, len(sizes), 4)]
     raws, _, _ = select_records(j, "messages", 0, None)
+    blob, sizes = msgpack_array(raws), record_sizes(raws)
+    lengths = [int.from_bytes(sizes[i : i + 4], "little") for i in range(0, len(sizes), 4)]
     assert lengths == [len(r) for r in raws] and len(lengths) == 39
-    assert blob == msgpack_array(raws)
     pos = 3  # the array header of 39 records (array16)
     for raw, n in zip(raws, lengths):
         assert blob[pos : pos + n] == raw
