@@ -447,9 +447,10 @@ class WriteOptions:
         self.group_header = o.get("group_header", "group")
 
 
-def derived_ids(rows: list[dict], seen: dict[str, int]) -> list[str]:
-    """A message id per row from its content, ``#k`` for its k-th repeat in the task
-    (``seen`` counts across the task's batches): a retried task derives the same ids."""
+def derived_ids(rows: list[dict], seen: dict[str, int], partition: int = 0) -> list[str]:
+    """A message id per row from its content, its task's partition and ``k`` for its
+    k-th repeat in the task (``seen`` counts across the task's batches): a retried task
+    derives the same ids, and equal rows in different partitions stay distinct."""
     out = []
     for row in rows:
         h = hashlib.blake2b(digest_size=16)
@@ -461,7 +462,7 @@ def derived_ids(rows: list[dict], seen: dict[str, int]) -> list[str]:
         digest = h.hexdigest()
         k = seen.get(digest, 0)
         seen[digest] = k + 1
-        out.append(f"spark:{digest}#{k}")
+        out.append(f"spark:{digest}#{partition}.{k}")
     return out
 
 
@@ -474,6 +475,7 @@ def publish_batches(opts: WriteOptions, iterator: Iterator[pa.RecordBatch]) -> i
     from zq.client import Client
 
     seen: dict[str, int] = {}
+    partition = task_context()[0]
     sent = 0
     with Client(opts.endpoint, name="zq-spark-writer", connect_timeout=30) as c:  # type: ignore[arg-type]
         pending: list = []
@@ -483,9 +485,11 @@ def publish_batches(opts: WriteOptions, iterator: Iterator[pa.RecordBatch]) -> i
                 continue
             if "payload" not in rows[0]:
                 raise ProtocolError("zq data source: the DataFrame needs a 'payload' column (binary or string)")
-            ids = [r.get("msg_id") for r in rows] if "msg_id" in rows[0] else derived_ids(rows, seen)
-            if any(i is None for i in ids):
-                raise ProtocolError("zq data source: msg_id must not be null")
+            ids = [r.get("msg_id") for r in rows] if "msg_id" in rows[0] else derived_ids(rows, seen, partition)
+            missing = [k for k, i in enumerate(ids) if i is None]
+            if missing:  # a null msg_id (a copy of messages published without one): derive it
+                for k, derived in zip(missing, derived_ids([rows[k] for k in missing], seen, partition)):
+                    ids[k] = derived
             pending += c.publish_records_async(opts.topic, [message_of(opts, row, msg_id) for row, msg_id in zip(rows, ids)])
             sent += len(rows)
             while len(pending) > 8:  # a bounded window of unconfirmed frames

@@ -155,6 +155,24 @@ def test_overwrite_is_refused_and_rows_become_messages(spark, dispatcher):
         assert c.stats()["duplicates"] == 2
 
 
+def test_copying_a_topic_whose_messages_have_no_msg_id_derives_ids(spark, dispatcher):
+    """The README's copy: `orders.selectExpr("payload", "msg_id").write...`, where most
+    messages were published without an id: those rows get derived ids, so a second
+    run of the same copy enqueues nothing."""
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish_many("plain", [b"a", b"b", b"a"])
+        c.publish("plain", b"c", msg_id="id-c")
+        before = c.stats()["duplicates"]
+    src = spark.read.format("zq").option("endpoint", dispatcher.endpoint).option("topic", "plain").load()
+    for _ in range(2):
+        (src.selectExpr("payload", "msg_id").write.format("zq").option("endpoint", dispatcher.endpoint)
+            .option("topic", "plain.copy").mode("append").save())
+    with zq.connect(dispatcher.endpoint) as c:
+        assert c.stats()["queues"]["plain.copy"]["published"] == 4
+        assert c.stats()["duplicates"] - before == 4  # the second copy: every row a duplicate
+        assert sorted(m.data for m in c.replay("plain.copy")) == [b"a", b"a", b"b", b"c"]
+
+
 def test_a_queue_read_covers_its_topics(spark, dispatcher):
     with zq.connect(dispatcher.endpoint) as c:
         c.create_queue("eu-orders", topics=r"orders\.eu\..*")
