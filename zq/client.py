@@ -713,13 +713,8 @@ class Client:
             self._fail_all(ConnectionLost("client closed"))
 
     def _open_socket(self) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(self.endpoint)
         self.generation += 1
-        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, self.name)))
-        return sock
+        return open_session_socket(self.ctx, self.endpoint, self.name)
 
     def _serve(self, sock: zmq.Socket) -> bool:
         """Run one session; True if the server was lost (reconnect), False on close."""
@@ -877,17 +872,14 @@ class Client:
         return sent
 
     def _send_settles(self, sock: zmq.Socket, sub: Subscription) -> bool:
-        by_op: dict[str, list[int]] = {}
+        current: list[tuple[str, int]] = []
         sub.settle_since = 0.0
         while sub.settle:
             op, bookmark, generation = sub.settle.popleft()
             sub.settles_taken += 1
             if generation == self.generation:
-                by_op.setdefault(op, []).append(bookmark)
-        kinds = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
-        for op, bookmarks in by_op.items():
-            sock.send(wire.encode(kinds[op](sub.sub_id, bookmarks)))
-        return bool(by_op)
+                current.append((op, bookmark))
+        return send_settles(sock, sub.sub_id, current)
 
     def _resolve(self, req: int, value: Any) -> None:
         entry = self._publishes.pop(req, None)
@@ -953,6 +945,29 @@ def _chunks(items: list) -> Iterator[list]:
         size += len(item[0])
     if chunk:
         yield chunk
+
+
+def open_session_socket(ctx: zmq.Context, endpoint: str, name: str) -> zmq.Socket:
+    """A DEALER to the dispatcher with HELLO sent: the start of every session."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(endpoint)
+    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+    return sock
+
+
+_SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
+
+
+def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int]]) -> bool:
+    """``(op, bookmark)`` settles of one subscription as one frame per op; False if none."""
+    by_op: dict[str, list[int]] = {}
+    for op, bookmark in settles:
+        by_op.setdefault(op, []).append(bookmark)
+    for op, bookmarks in by_op.items():
+        sock.send(wire.encode(_SETTLE_COMMANDS[op](sub_id, bookmarks)))
+    return bool(by_op)
 
 
 def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:

@@ -48,6 +48,11 @@ _MAP_W[0x80:0x90] = 0
 _MAP_W[0xDE], _MAP_W[0xDF] = 2, 4
 _NIL = 0xC0
 
+def _rows(mask: np.ndarray) -> slice | np.ndarray:
+    """The rows ``mask`` selects: every row as a slice (a view, no copy), else indices."""
+    return slice(None) if mask.all() else np.flatnonzero(mask)
+
+
 class Unparsed(Exception):
     """The batch is not in the layout this module reads: decode it the slow way."""
 
@@ -71,55 +76,46 @@ class _Blob:
     def uint(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Unsigned ints at ``p``: values, and the positions after them."""
         first = self.buf[p]
-        w = _UINT_W[first]
-        if (w < 0).any():
-            raise Unparsed("not an unsigned int")
-        val = first.astype(np.uint64)
-        for width, view in ((1, None), (2, self.u16), (4, self.u32), (8, self.u64)):
-            sel = np.flatnonzero(w == width)
-            if sel.size:
-                val[sel] = self.buf[p[sel] + 1] if view is None else view[p[sel] + 1]
-        return val.astype(np.int64), p + 1 + w
+        return self._sized(p, first, _UINT_W[first], first.astype(np.int64), "unsigned int")
 
     def length(self, p: np.ndarray, widths: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
         """A str / bin / map header at ``p``: its length (or entry count) and where the
         content starts."""
         first = self.buf[p]
-        w = widths[first]
+        inline = (first & (0x1F if kind == "str" else 0x0F)).astype(np.int64)  # fixstr / fixmap
+        return self._sized(p, first, widths[first], inline, kind)
+
+    def _sized(self, p: np.ndarray, first: np.ndarray, w: np.ndarray, value: np.ndarray,
+               kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """A msgpack header whose first byte says how many bytes after it hold the value
+        (``w``; 0: ``value`` already holds it, from the first byte): values, and the
+        positions after the header."""
         if (w < 0).any():
             raise Unparsed(f"not a {kind}")
-        n = (first & (0x1F if kind == "str" else 0x0F)).astype(np.int64)
-        for width, view in ((1, None), (2, self.u16), (4, self.u32)):
+        for width, view in ((1, None), (2, self.u16), (4, self.u32), (8, self.u64)):
             sel = np.flatnonzero(w == width)
             if sel.size:
-                n[sel] = self.buf[p[sel] + 1] if view is None else view[p[sel] + 1]
-        return n, p + 1 + w
+                value[sel] = self.buf[p[sel] + 1] if view is None else view[p[sel] + 1]
+        return value, p + 1 + w
 
     def views(self, off: np.ndarray, size: np.ndarray) -> pa.Buffer:
         """Arrow binary-view structs for the byte ranges [off, off + size) of the blob:
         a value of up to 12 bytes is held inline (zero-padded), a longer one by its
         first 4 bytes and its offset in data buffer 0, the blob."""
-        n = len(off)
-        v = np.zeros((n, 4), np.uint32)
+        v = np.zeros((len(off), 4), np.uint32)
         v[:, 0] = size
         short = size <= 12
-        long = None if not short.any() else np.flatnonzero(~short)
-        if long is None:  # every value long (payloads, typically)
-            v[:, 1], v[:, 3] = self.raw4[off], off
-        elif long.size:
-            v[long, 1], v[long, 3] = self.raw4[off[long]], off[long]
-        rows = np.flatnonzero(short) if long is not None and long.size else None
-        if long is not None:
-            o = off if rows is None else off[rows]
-            s = size if rows is None else size[rows]
-            inline = self.raw12[np.minimum(o, max(self.last12, 0))] if len(o) else np.zeros((0, 12), np.uint8)
+        if not short.all():
+            rows = _rows(~short)
+            v[rows, 1], v[rows, 3] = self.raw4[off[rows]], off[rows]
+        if short.any():
+            rows = _rows(short)
+            o, s = off[rows], size[rows]
+            inline = self.raw12[np.minimum(o, max(self.last12, 0))]
             for i in np.flatnonzero(o > self.last12):  # within 12 bytes of the end: a plain copy
                 inline[i] = np.frombuffer(bytes(self.data[o[i] : o[i] + s[i]]).ljust(12, b"\0"), np.uint8)
             inline *= np.arange(12) < s[:, None]
-            if rows is None:
-                v[:, 1:] = inline.view("<u4")
-            else:
-                v[rows, 1:] = inline.view("<u4")
+            v[rows, 1:] = inline.view("<u4")
         return pa.py_buffer(v)
 
     def column(self, typ: pa.DataType, off: np.ndarray, size: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:

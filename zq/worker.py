@@ -39,12 +39,9 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client import ConnectionLost, Message, MessageStream, error_from
+from zq.client import ConnectionLost, Message, MessageStream, error_from, open_session_socket, send_settles
 
 log = logging.getLogger("zq.worker")
-
-_SETTLES = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
-
 
 class Worker(MessageStream):
     """Consume one queue from the calling thread (see module docstring).
@@ -182,16 +179,12 @@ class Worker(MessageStream):
     def _open_session(self) -> None:
         if self._sock is not None:
             self._sock.close(0)
-        sock = self._sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(self.endpoint)
+        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name)
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
         self._settles.clear()
         self.backlog = 0
         self._subscribe_req = next(self._reqs)
-        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, self.name)))
         sock.send(wire.encode(wire.Subscribe(self._subscribe_req, self.sub_id, self.queue, self.max_backlog, self.filter)))
         self._last_heard = self._last_sent = time.monotonic()
 
@@ -207,15 +200,7 @@ class Worker(MessageStream):
 
     def _send_settles(self, sock: zmq.Socket) -> None:
         settles, self._settles = self._settles, []
-        if all(op == "ack" for op, _ in settles):  # the common case: one frame
-            if settles:
-                sock.send(wire.encode(wire.Ack(self.sub_id, [b for _, b in settles])))
-            return
-        by_op: dict[str, list[int]] = {}
-        for op, bookmark in settles:
-            by_op.setdefault(op, []).append(bookmark)
-        for op, bookmarks in by_op.items():
-            sock.send(wire.encode(_SETTLES[op](self.sub_id, bookmarks)))
+        send_settles(sock, self.sub_id, settles)
 
     def _pump(self, deadline: float | None) -> None:
         """Wait for frames until ``deadline`` (at most half a heartbeat) and handle them;
