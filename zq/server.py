@@ -104,6 +104,7 @@ class Server:
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         self.frames_in = 0
+        self.frames_out = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -409,6 +410,7 @@ class Server:
         try:
             self.sock.send(peer_id, zmq.SNDMORE | zmq.NOBLOCK)
             self.sock.send(frame, zmq.NOBLOCK)
+            self.frames_out += 1
             return True
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -524,6 +526,7 @@ class Server:
             "workers": sum(1 for p in self.peers.values() if p.subs),
             "peers": len(self.peers),
             "frames_in": self.frames_in,
+            "frames_out": self.frames_out,
             "endpoints": self.endpoints,
             "rates": self.rates(now),
         }

@@ -39,6 +39,10 @@ def test_a_worker_takes_every_message_once_and_acks_it(dispatcher):
         assert w.get(timeout=0.05) is None  # nothing left: None after the timeout
     assert got == sent  # in order, each once
     wait_until(lambda: stats(dispatcher.endpoint, "jobs")["acked"] == 500, what="every ack to arrive")
+    with zq.connect(dispatcher.endpoint) as c:
+        server = c.stats()["server"]
+    # 500 messages at a backlog of 16 take at least 32 DELIVER frames out and 32 settles in
+    assert server["frames_out"] >= 32 and server["frames_in"] >= 32
 
 
 def test_batches_and_lease_operations(dispatcher):
