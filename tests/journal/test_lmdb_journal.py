@@ -54,6 +54,24 @@ def test_get_messages_returns_payloads_for_delivery(tmp_path):
         j.get_messages([999])
 
 
+def test_raw_records_for_delivery_are_the_stored_bytes_whether_just_written_or_older(tmp_path):
+    j = LmdbJournal(str(tmp_path), map_size=64 * 1024)  # small: the third commit grows the map and retries
+    h = Harness()
+    steps = []
+    for step in range(3):
+        steps.append([h.engine.publish("t", bytes([step]) * 600, {"step": str(step)}, 0) for _ in range(40)])
+        h.commit_to(j)
+    every = [s for step in steps for s in step]
+    mixed = [steps[2][0], steps[0][5], steps[1][3], steps[2][39]]  # last commit, older, the one before
+    with j.env.begin(db=j.msgs) as txn:
+        stored = {s: txn.get(s.to_bytes(8, "big")) for s in every}
+    assert [bytes(r) for r in j.get_raw(mixed)] == [stored[s] for s in mixed]
+    assert [bytes(r) for r in j.get_raw(every)] == [stored[s] for s in every]
+    assert R.message_decoder.decode(bytes(j.get_raw([steps[2][7]])[0])).payload == b"\x02" * 600
+    with pytest.raises(JournalError, match="not in the journal"):
+        j.get_raw([every[-1] + 1000])
+
+
 def test_a_newer_journal_format_is_refused_with_a_clear_message(tmp_path):
     j = LmdbJournal(str(tmp_path))
     with j.env.begin(db=j.meta, write=True) as txn:

@@ -180,10 +180,13 @@ class Engine(ManagementMixin, TargetDepthMixin):
         """
         self.set_time(now_ms)
         topic = self.resolve_topic(topic)
+        check_topic(topic)
+        max_bytes = min(max_message_bytes, limits.MESSAGE_BYTES_MAX)
         for payload, headers, msg_id in items:
-            if len(payload) > max_message_bytes:
-                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_message_bytes}")
-            check_message(topic, payload, headers)
+            if len(payload) > max_bytes:
+                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_bytes}")
+            if headers:
+                check_headers(headers)
             if msg_id is not None and len(msg_id) > limits.HEADER_BYTES_MAX:
                 raise LimitError(f"message id longer than {limits.HEADER_BYTES_MAX}")
         queues = self.route_or_create(topic)
@@ -232,12 +235,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
 
     def publish_fresh(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
                       now_ms: int) -> list[int]:
+        named: dict[str, bool] = {}  # group header -> does any item carry it?
         for q in queues:
             if q.limited and q.settings.overflow == "reject":
                 self.check_room(q, topic, items)
             if q.grouped:
                 header = q.settings.group_header
                 names = {h[header] for _, h, _ in items if header in h}  # type: ignore[index]
+                named[header] = bool(names)  # type: ignore[index]
                 fresh = [n for n in names if n not in q.gid_of]
                 if len(q.groups) + len(fresh) > q.settings.max_groups:
                     raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
@@ -254,6 +259,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             accept = q.filter
             if q.barrier_fn is not None or q.ordered or q.tqd:
                 self.enqueue_each(q, topic, items, first)
+            elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
+                q.enqueue_run(first, len(items))  # no message of the batch names a group
             elif q.grouped:
                 header = q.settings.group_header
                 for i, (payload, headers, _) in enumerate(items):
@@ -266,8 +273,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     if accept(headers, payload, topic):
                         q.enqueue(first + i, 0)
             else:
-                for i in range(len(items)):
-                    q.enqueue(first + i, 0)
+                q.enqueue_run(first, len(items))
             if q.lvq_fn is not None:
                 for i, (payload, headers, _) in enumerate(items):
                     if q.filter is None or q.filter(headers, payload, topic):
@@ -546,20 +552,28 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.set_time(now_ms)
         sub = self.sub(sub_id)
         q = sub.queue
-        refused = []
-        hist, edges = q.ack_latency, ACK_LATENCY_BUCKETS_MS
         now = self.now_ms
+        seqs = seqs if isinstance(seqs, list) else list(seqs)
+        refused = q.ack_many(sub, seqs, now)
+        if refused:
+            gone = set(refused)
+            seqs = [seq for seq in seqs if seq not in gone]
+            if q.inactive:
+                refused = [seq for seq in refused if not self.ack_inactive(q, sub, seq)]
+        # publish -> ack latencies. Seqs published in the same millisecond share one
+        # time-index entry, so a batch mostly needs one bisect, not one per message.
+        hist, edges = q.ack_latency, ACK_LATENCY_BUCKETS_MS
         ti_seq, ti_ms = self.ti_seq, self.ti_ms
-        ack = q.ack
-        total = 0
+        lo = hi = -1  # ti_seq[i] <= seq < hi shares entry i, whose latency is ``latency``
+        latency = bucket = total = 0
         for seq in seqs:
-            if ack(sub, seq, now) is not None:
-                if not (q.inactive and self.ack_inactive(q, sub, seq)):
-                    refused.append(seq)
-                continue
-            i = bisect_right(ti_seq, seq) - 1  # publish_time_ms(), inlined: this is the ack hot path
-            latency = now - ti_ms[i] if i >= 0 else 0
-            hist[bisect_left(edges, latency)] += 1
+            if not lo <= seq < hi:
+                i = bisect_right(ti_seq, seq) - 1
+                latency = now - ti_ms[i] if i >= 0 else 0
+                bucket = bisect_left(edges, latency)
+                lo = ti_seq[i] if i >= 0 else 0
+                hi = ti_seq[i + 1] if i + 1 < len(ti_seq) else self.next_seq
+            hist[bucket] += 1
             total += latency
         q.ack_latency_sum_ms += total
         return refused
@@ -949,13 +963,14 @@ def queue_kind(s: QueueSettings) -> str:
     return ",".join(parts)
 
 
-def check_message(topic: str, payload: bytes, headers: dict[str, str]) -> None:
+def check_topic(topic: str) -> None:
     if not topic:
         raise ProtocolError("topic must not be empty")
     if len(topic.encode()) > limits.TOPIC_BYTES_MAX:
         raise LimitError(f"topic longer than {limits.TOPIC_BYTES_MAX} bytes")
-    if len(payload) > limits.MESSAGE_BYTES_MAX:
-        raise LimitError(f"message of {len(payload)} bytes exceeds {limits.MESSAGE_BYTES_MAX}")
+
+
+def check_headers(headers: dict[str, str]) -> None:
     if len(headers) > limits.HEADERS_MAX:
         raise LimitError(f"more than {limits.HEADERS_MAX} headers")
     for k, v in headers.items():
