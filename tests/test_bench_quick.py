@@ -31,6 +31,8 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             for key in ("publish_to_worker_us", "publish_to_confirm_us"):
                 assert all(v is not None and v > 0 for v in row[key].values()), row
             continue
+        if scenario == "groups" and row["groups"]:
+            assert row["of_ungrouped"] > 0, row  # judged against the ungrouped run of the same invocation
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]
         assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers), row
     assert scenario in capsys.readouterr().out
