@@ -41,6 +41,9 @@ from zq.core.errors import ZqError
 
 log = logging.getLogger("zq.client")
 
+# Plain ints: ``getsockopt(zmq.EVENTS) & zmq.POLLIN`` builds an enum member per call.
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
 ACK_DELAY = 0.001  # seconds an ack may wait to share a frame with others
 
 ERRORS: dict[str, type[ZqError]] = {}
@@ -972,10 +975,10 @@ def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int]]) 
 
 def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
     for _ in range(limit):
-        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not sock.getsockopt(EVENTS) & POLLIN:
             return  # nothing waiting: ask, rather than pay for a raised zmq.Again
         try:
-            yield sock.recv(zmq.NOBLOCK)
+            yield sock.recv(NOBLOCK)
         except zmq.Again:
             return
 

@@ -39,7 +39,7 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client import ConnectionLost, Message, MessageStream, error_from, open_session_socket, send_settles
+from zq.client import EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, error_from, open_session_socket, send_settles
 
 log = logging.getLogger("zq.worker")
 
@@ -82,6 +82,7 @@ class Worker(MessageStream):
         self._local: collections.deque[Message] = collections.deque()
         self._settles: list[tuple[str, int]] = []  # (op, bookmark) of this session
         self._sock: zmq.Socket | None = None
+        self._poller = zmq.Poller()  # kept: Socket.poll builds a Poller per call
         self._last_heard = self._last_sent = 0.0
         self._open_session()
         deadline = time.monotonic() + connect_timeout
@@ -180,6 +181,8 @@ class Worker(MessageStream):
         if self._sock is not None:
             self._sock.close(0)
         sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name)
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
         self._settles.clear()
@@ -213,11 +216,11 @@ class Worker(MessageStream):
         if now - self._last_sent >= hb / 2:
             self._send(wire.Heartbeat())
         wait = hb / 2 if deadline is None else min(hb / 2, max(0.0, deadline - now))
-        if sock.poll(int(wait * 1000) if wait > 0 else 0):
+        if self._poller.poll(int(wait * 1000) if wait > 0 else 0):
             decode = wire.server_decoder.decode
-            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while sock.getsockopt(EVENTS) & POLLIN:
                 try:
-                    frame = sock.recv(zmq.NOBLOCK)
+                    frame = sock.recv(NOBLOCK)
                 except zmq.Again:
                     break
                 self._last_heard = time.monotonic()
