@@ -7,8 +7,9 @@ Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in on
 invocation; `--repeat N` interleaves them round by round), filters (what an expression
 costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
 10-level priority queue next to a FIFO: memory per message and engine throughput),
-ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling). Results go
-to bench/results/.
+ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors
+(raw pyzmq latency on this machine, paced as the latency scenario). Results go to
+bench/results/.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling")
+             "filters", "claims", "spark", "kinds", "ceiling", "floors")
 
 
 def machine() -> dict:
@@ -99,6 +100,10 @@ def run(scenario: str, quick: bool) -> list[dict]:
         secs = 1.0 if quick else 10.0
         return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
             e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs)]
+    if scenario == "floors":
+        from bench import floors
+
+        return floors.floors(0.5 if quick else 10.0)
     if scenario == "peak":
         n = 5_000 if quick else 300_000
         return [e2e.throughput(n, durability=d, backlog=256, mode="batch64") for d in ("batch", "fsync")]

@@ -26,7 +26,7 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
     key = next((k for k in ("e2e_msgs_per_s", "msgs_per_s", "heap_bytes_per_message", "seconds_to_serving",
                             "ns_per_message", "claims_per_s", "rows_per_s")
                 if any(k in r for r in rows)), None)
-    if key is None and scenario == "latency":
+    if key is None and scenario in ("latency", "floors"):
         return plot_latency(rows, meta, out)
     if key is None:
         return None
@@ -47,16 +47,18 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
 def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.35
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(rows)
     for i, row in enumerate(rows):
-        ps = row["publish_to_worker_us"]
+        ps = row.get("publish_to_worker_us") or row["round_trip_us"]  # floors' echo rows: a round trip
         xs = [j + i * width for j in range(len(ps))]
-        ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"durability {row['durability']}")
-    ax.set_xticks([j + width / 2 for j in range(3)], ["p50", "p99", "p99.9"])
-    ax.set_ylabel("publish → worker, µs")
+        name = row.get("case") or f"{row['transport']}, durability {row['durability']}"
+        what = "round trip" if "round_trip_us" in row else "publish → worker"
+        ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"{name[:60]} ({what})")
+    ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(3)], ["p50", "p99", "p99.9"])
+    ax.set_ylabel("µs")
+    ax.legend(fontsize=7)
     ax.set_title(f"latency at {rows[0]['rate']} msg/s — {meta['cores']} cores, {meta['date'][:10]}", fontsize=9)
-    ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -9,7 +9,7 @@ from bench.__main__ import main
 
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
-                                      "recovery", "peers", "filters", "claims", "kinds", "ceiling"])
+                                      "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
     if scenario == "peers":
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
@@ -27,9 +27,11 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
     assert doc["results"], "no rows"
     for row in doc["results"]:
         assert row["scenario"] == scenario
-        if scenario == "latency":
-            for key in ("publish_to_worker_us", "publish_to_confirm_us"):
-                assert all(v is not None and v > 0 for v in row[key].values()), row
+        if scenario in ("latency", "floors"):
+            keys = [k for k in row if k.endswith("_us")]
+            assert keys, row
+            for key in keys:
+                assert set(row[key]) == {"p50", "p99", "p99.9"} and all(v > 0 for v in row[key].values()), row
             continue
         if scenario == "groups" and row["groups"]:
             assert row["of_ungrouped"] > 0, row  # judged against the ungrouped run of the same invocation

@@ -1,0 +1,213 @@
+"""Latency floors: what raw pyzmq costs on this machine, paced as zq's latency bench.
+
+zq's latency targets are judged against these, measured in the same invocation: a
+path that a raw relay (no journal, no engine, no client threads) cannot beat here,
+zq cannot either.
+
+* ``relay``: the publish -> worker path of ``bench.e2e.latency`` with nothing in it:
+  a producer process sends one 128-byte frame per message over tcp loopback to a
+  relay process (ROUTER), which confirms it to the producer and forwards it to one of
+  4 worker processes in turn; each worker acks every frame. publish -> worker and
+  publish -> confirm, as zq's latency rows.
+* ``tcp-echo``: a DEALER's round trip to a ROUTER echo in another process, over tcp.
+* ``inproc-echo``: the same between two threads of one process over inproc://.
+
+Every case is paced like ``bench.e2e.publish_paced``: a sleep until each send time,
+never a spin.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+from bench.e2e import child_env, free_port, percentiles
+
+SIZE = 128
+
+
+def paced(rate: float, n: int):  # type: ignore[no-untyped-def]
+    """Yield ``n`` times at ``rate`` per second; sleeps, never spins."""
+    interval = 1e9 / rate
+    first = time.time_ns()
+    for i in range(n):
+        left = first + i * interval - time.time_ns()
+        if left > 0:
+            time.sleep(left / 1e9)
+        yield i
+
+
+def stamped() -> bytes:
+    return time.time_ns().to_bytes(8, "big") + b"x" * (SIZE - 8)
+
+
+def since_us(frame: bytes) -> float:
+    return (time.time_ns() - int.from_bytes(frame[:8], "big")) / 1000
+
+
+# ---------------------------------------------------------------- processes
+
+
+def relay_main(endpoint: str, n: int, workers: int) -> None:
+    """ROUTER: W frames from workers say hello, A frames ack; anything else is a
+    publish, confirmed and forwarded to the next worker in turn."""
+    import zmq
+
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    peers: list[bytes] = []
+    while len(peers) < workers:
+        peer, frame = sock.recv_multipart()
+        if frame == b"W":
+            peers.append(peer)
+    print("ready", flush=True)
+    acked = turn = 0
+    while acked < n:
+        if not sock.poll(60_000):
+            raise SystemExit("relay: nothing for 60 s")
+        peer, frame = sock.recv_multipart()
+        if frame == b"A":
+            acked += 1
+            continue
+        sock.send_multipart([peer, frame[:8]])  # the confirm carries the send time back
+        sock.send_multipart([peers[turn], frame])
+        turn = (turn + 1) % workers
+    for p in peers:
+        sock.send_multipart([p, b"Q"])
+
+
+def worker_main(endpoint: str) -> None:
+    import zmq
+
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(b"W")
+    latencies = []
+    while True:
+        frame = sock.recv()
+        if frame == b"Q":
+            break
+        latencies.append(since_us(frame))
+        sock.send(b"A")
+    print(json.dumps(latencies), flush=True)
+
+
+def echo_main(endpoint: str) -> None:
+    import zmq
+
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    print("ready", flush=True)
+    while True:
+        peer, frame = sock.recv_multipart()
+        if frame == b"Q":
+            return
+        sock.send_multipart([peer, frame])
+
+
+# -------------------------------------------------------------------- cases
+
+
+def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
+    import zmq
+
+    n = int(seconds * rate)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    me = [sys.executable, "-m", "bench.floors"]
+    relay_proc = subprocess.Popen([*me, "relay", endpoint, str(n), str(workers)], env=child_env(), stdout=subprocess.PIPE,
+                                  text=True)
+    procs = [subprocess.Popen([*me, "worker", endpoint], env=child_env(), stdout=subprocess.PIPE, text=True)
+             for _ in range(workers)]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        if "ready" not in relay_proc.stdout.readline():  # type: ignore[union-attr]
+            raise RuntimeError("floors relay did not see its workers")
+        sock.connect(endpoint)
+        confirm_us: list[float] = []
+        for _ in paced(rate, n):
+            sock.send(stamped())
+            # the confirm is awaited before the next send: zmq_poll cannot wait less than
+            # a millisecond, and a loop of poll(0) would spin
+            if not sock.poll(10_000):
+                raise RuntimeError(f"floors relay confirmed {len(confirm_us)} of {n}")
+            confirm_us.append(since_us(sock.recv()))
+        deliver_us = [x for p in procs for x in json.loads(p.communicate(timeout=60)[0])]
+        relay_proc.wait(60)
+    finally:
+        sock.close()
+        for p in [relay_proc, *procs]:
+            if p.poll() is None:
+                p.kill()
+    return {"case": "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes", "rate": rate,
+            "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
+            "publish_to_confirm_us": percentiles(confirm_us)}
+
+
+def echo(seconds: float, rate: float, transport: str) -> dict:
+    import zmq
+
+    n = int(seconds * rate)
+    ctx = zmq.Context.instance()
+    if transport == "tcp":
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        server = subprocess.Popen([sys.executable, "-m", "bench.floors", "echo", endpoint], env=child_env(),
+                                  stdout=subprocess.PIPE, text=True)
+        server.stdout.readline()  # type: ignore[union-attr]
+        case = "raw pyzmq DEALER -> ROUTER echo in another process, tcp loopback"
+    else:
+        endpoint = f"inproc://floors-echo-{time.monotonic_ns()}"
+        ready = threading.Event()
+        server = threading.Thread(target=echo_in_thread, args=(ctx, endpoint, ready), daemon=True)
+        server.start()
+        ready.wait(10)
+        case = "raw pyzmq DEALER -> ROUTER echo in another thread, inproc"
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    rtt = []
+    try:
+        for _ in paced(rate, n):
+            sock.send(stamped())
+            if not sock.poll(10_000):
+                raise RuntimeError("echo: no answer in 10 s")
+            rtt.append(since_us(sock.recv()))
+        sock.send(b"Q")
+    finally:
+        if transport == "tcp":
+            server.wait(10)  # type: ignore[union-attr]
+        else:
+            server.join(10)
+        sock.close()
+    return {"case": case, "rate": rate, "seconds": seconds, "messages": n, "round_trip_us": percentiles(rtt)}
+
+
+def echo_in_thread(ctx, endpoint: str, ready: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    import zmq
+
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    ready.set()
+    while True:
+        peer, frame = sock.recv_multipart()
+        if frame == b"Q":
+            break
+        sock.send_multipart([peer, frame])
+    sock.close()
+
+
+def floors(seconds: float, rate: float = 2000) -> list[dict]:
+    return [relay(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc")]
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "relay":
+        relay_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif role == "worker":
+        worker_main(sys.argv[2])
+    elif role == "echo":
+        echo_main(sys.argv[2])
