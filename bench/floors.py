@@ -11,6 +11,9 @@ zq cannot either.
   publish -> confirm, as zq's latency rows.
 * ``tcp-echo``: a DEALER's round trip to a ROUTER echo in another process, over tcp.
 * ``inproc-echo``: the same between two threads of one process over inproc://.
+* ``zq-raw-clients``: a real ``zq serve`` with the relay case's raw sockets speaking
+  ZQP/1 in place of ``zq.Client`` and ``zq.Worker`` (one message a PUBLISH frame, its
+  CONFIRM awaited; each DELIVER acked at once): the server's share of zq's latency.
 
 Every case is paced like ``bench.e2e.publish_paced``: a sleep until each send time,
 never a spin.
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from bench.e2e import child_env, free_port, percentiles
 
@@ -95,6 +99,32 @@ def worker_main(endpoint: str) -> None:
     print(json.dumps(latencies), flush=True)
 
 
+def zqp_worker_main(endpoint: str, out: str) -> None:
+    """A worker with no zq client code: HELLO, SUBSCRIBE, an ACK frame per DELIVER."""
+    import signal
+
+    import zmq
+
+    from zq import wire
+
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "floors-worker")))
+    sock.send(wire.encode(wire.Subscribe(1, "w", "floors", 16, None)))
+    latencies = []
+    while not stop:
+        if not sock.poll(100):
+            continue
+        msg = wire.server_decoder.decode(sock.recv())
+        if type(msg) is wire.DeliverRecords:
+            latencies += [since_us(r.payload) for r in msg.records]
+            sock.send(wire.encode(wire.Ack("w", [r.seq for r in msg.records])))
+    with open(out, "w") as f:
+        json.dump(latencies, f)
+
+
 def echo_main(endpoint: str) -> None:
     import zmq
 
@@ -143,6 +173,73 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
             if p.poll() is None:
                 p.kill()
     return {"case": "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes", "rate": rate,
+            "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
+            "publish_to_confirm_us": percentiles(confirm_us)}
+
+
+def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
+    """``zq serve`` (durability batch) between raw ZQP/1 sockets: the server alone."""
+    import shutil
+    import signal
+    import tempfile
+
+    import zmq
+
+    from zq import wire
+
+    n = int(seconds * rate)
+    tmp = tempfile.mkdtemp(prefix="zq-floors-")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = subprocess.Popen([sys.executable, "-m", "zq.cli", "serve", "--data", f"{tmp}/journal", "--bind", endpoint],
+                              env=child_env(), stderr=subprocess.DEVNULL)
+    outs = [f"{tmp}/w{i}.json" for i in range(workers)]
+    procs = []
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        from zq.client import Client
+
+        with Client(endpoint, connect_timeout=30) as c:  # the server answers: start the workers
+            procs = [subprocess.Popen([sys.executable, "-m", "bench.floors", "zqp-worker", endpoint, out], env=child_env())
+                     for out in outs]
+            deadline = time.monotonic() + 30
+            while len(c.stats()["queues"].get("floors", {}).get("consumers", [])) < workers:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("floors workers did not subscribe")
+                time.sleep(0.02)
+        sock.connect(endpoint)
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "floors-producer")))
+        if not sock.poll(10_000):
+            raise RuntimeError("no WELCOME")
+        sock.recv()
+        confirm_us = []
+        for i in paced(rate, n):
+            sent = time.time_ns()
+            sock.send(wire.encode(wire.Publish(i + 1, "floors", [(stamped(), {}, None)])))
+            while True:  # the server's heartbeats come on the same socket
+                if not sock.poll(10_000):
+                    raise RuntimeError(f"zq confirmed {len(confirm_us)} of {n}")
+                reply = wire.server_decoder.decode(sock.recv())
+                if type(reply) is wire.Confirm and reply.req == i + 1:
+                    break
+            confirm_us.append((time.time_ns() - sent) / 1000)
+        with Client(endpoint) as c:
+            deadline = time.monotonic() + 30
+            while c.stats()["queues"]["floors"]["acked"] < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("not every message acked")
+                time.sleep(0.05)
+    finally:
+        sock.close()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    deliver_us = [x for out in outs for x in json.loads(Path(out).read_text())]
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"case": "zq serve (batch) with raw ZQP/1 sockets as publisher and 4 workers, tcp loopback", "rate": rate,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
             "publish_to_confirm_us": percentiles(confirm_us)}
 
@@ -200,7 +297,7 @@ def echo_in_thread(ctx, endpoint: str, ready: threading.Event) -> None:  # type:
 
 
 def floors(seconds: float, rate: float = 2000) -> list[dict]:
-    return [relay(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc")]
+    return [relay(seconds, rate), zq_raw_clients(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc")]
 
 
 if __name__ == "__main__":
@@ -209,5 +306,7 @@ if __name__ == "__main__":
         relay_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif role == "worker":
         worker_main(sys.argv[2])
+    elif role == "zqp-worker":
+        zqp_worker_main(sys.argv[2], sys.argv[3])
     elif role == "echo":
         echo_main(sys.argv[2])
