@@ -914,12 +914,14 @@ class Queue:
         """Acknowledge a batch; returns the seqs refused (see ``ack`` for the reasons).
 
         Acks are a third of the engine's per-message work, so on a queue with no ranks,
-        sizes or last-value keys (nothing else to update on the way out) a message of
-        no group takes ``release`` + ``finish`` + ``note_event`` inline, as a batch; any
-        other seq (one of a group, one not leased by ``sub``) goes through ``ack``."""
+        sizes or last-value keys (nothing else to update on the way out) a leased
+        message takes ``release`` + ``finish`` + ``note_event`` inline, as a batch; a
+        seq not leased by ``sub`` goes through ``ack`` (the refusal, or
+        ``allow_ack_unleased``). Waiting groups of ``sub`` are offered its freed credit
+        once, after the batch: ``ready`` is a heap, so the order of pushes is moot."""
         if self.browse or self.ordered or self.sizes is not None or self.lvq_key_of:
             return [seq for seq in seqs if self.ack(sub, seq, now_ms) is not None]
-        lease_of, meta = self.lease_of, self.meta
+        lease_of, meta, groups, exclusive = self.lease_of, self.meta, self.groups, self.exclusive
         events = self.events_out.get((R.ACKED, sub.consumer, ""))
         if events is None:
             events = self.events_out[(R.ACKED, sub.consumer, "")] = []
@@ -927,15 +929,26 @@ class Queue:
         done = busy = 0
         for seq in seqs:
             lease = lease_of.get(seq)
-            if lease is None or lease.sub is not sub or meta[seq] >> _G_SHIFT:
+            if lease is None or lease.sub is not sub:
                 if self.ack(sub, seq, now_ms) is not None:
                     refused.append(seq)
                 continue
             del lease_of[seq]
             lease.live -= 1
             busy += now_ms - lease.started_ms
-            events.append((seq, meta.pop(seq) & _D_MASK))
+            m = meta.pop(seq)
+            events.append((seq, m & _D_MASK))
             done += 1
+            gid = m >> _G_SHIFT
+            if gid:  # release() then finish() of a grouped message
+                grp = groups[gid]
+                grp.inflight -= 1
+                if grp.held:
+                    self.skipped_gen += 1  # its set-aside head may be eligible now
+                elif not exclusive and grp.inflight == 0 and grp.has_pending():
+                    self.push_ready(grp)
+                grp.count -= 1
+                self.maybe_forget_group(grp)
         if done:
             sub.used -= done
             if sub.pull:
