@@ -130,12 +130,18 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     }
 
 
+PUBLISHERS = {
+    "paced": "zq.Client, publish_async",
+    "paced-publisher": "zq.Publisher (single-threaded), publish",
+}
+
+
 def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", workers: int = 4, backlog: int = 16,
-            consumer: str = "worker") -> dict:
+            consumer: str = "worker", publisher: str = "paced") -> dict:
     n = int(seconds * rate)
     fleet = Fleet(workers, backlog, durability, consumer=consumer)
     try:
-        prod = run_producer(fleet.endpoint, n, "paced", 0, rate)
+        prod = run_producer(fleet.endpoint, n, publisher, 0, rate)
         fleet.wait_acked(n, timeout=60 + seconds)
         reports = fleet.reports()
     finally:
@@ -143,7 +149,7 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     deliver = [x for r in reports for x in r["latencies_us"]]
     return {
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability, "transport": "tcp loopback",
-        "consumer": CONSUMERS[consumer],
+        "consumer": CONSUMERS[consumer], "publisher": PUBLISHERS[publisher],
         "messages": n, "publish_to_worker_us": percentiles(deliver), "publish_to_confirm_us": percentiles(prod["confirm_us"]),
     }
 
@@ -206,6 +212,18 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
 
     payload = b"x" * 128
     confirm_us: list[float] = []
+    if mode == "paced-publisher":
+        from zq.publisher import Publisher
+
+        with Publisher(endpoint, name="bench-producer") as p:
+            first = time.time_ns()
+            for _ in publish_times(n, rate):
+                sent = time.time_ns()
+                p.publish(QUEUE, sent.to_bytes(8, "big") + payload[8:])
+                confirm_us.append((time.time_ns() - sent) / 1000)
+            last = time.time_ns()
+        print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
+        return
     with Client(endpoint, name="bench-producer", window=16 * 64) as c:
         first = time.time_ns()
         if mode == "async":
@@ -232,19 +250,25 @@ def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:
     and starves the client's I/O thread (and an embedded dispatcher) for a whole switch
     interval (5 ms)."""
     payload = b"x" * 128
-    interval = 1e9 / rate
-    first = time.time_ns()
     futures = []
-    for i in range(n):
-        left = first + i * interval - time.time_ns()
-        if left > 0:
-            time.sleep(left / 1e9)
+    for _ in publish_times(n, rate):
         sent = time.time_ns()
         f = client.publish_async(QUEUE, sent.to_bytes(8, "big") + payload[8:])
         f.add_done_callback(lambda _f, s=sent: confirm_us.append((time.time_ns() - s) / 1000))
         futures.append(f)
     for f in futures:
         f.result(60)
+
+
+def publish_times(n: int, rate: float):  # type: ignore[no-untyped-def]
+    """Yield ``n`` times at ``rate`` per second; sleeps, never spins."""
+    interval = 1e9 / rate
+    first = time.time_ns()
+    for i in range(n):
+        left = first + i * interval - time.time_ns()
+        if left > 0:
+            time.sleep(left / 1e9)
+        yield i
 
 
 CONSUMERS = {

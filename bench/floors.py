@@ -28,20 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.e2e import child_env, free_port, percentiles
+from bench.e2e import child_env, free_port, percentiles, publish_times
 
 SIZE = 128
-
-
-def paced(rate: float, n: int):  # type: ignore[no-untyped-def]
-    """Yield ``n`` times at ``rate`` per second; sleeps, never spins."""
-    interval = 1e9 / rate
-    first = time.time_ns()
-    for i in range(n):
-        left = first + i * interval - time.time_ns()
-        if left > 0:
-            time.sleep(left / 1e9)
-        yield i
 
 
 def stamped() -> bytes:
@@ -163,7 +152,7 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
             raise RuntimeError("floors relay did not see its workers")
         sock.connect(endpoint)
         confirm_us: list[float] = []
-        for _ in paced(rate, n):
+        for _ in publish_times(n, rate):
             sock.send(stamped())
             # the confirm is awaited before the next send: zmq_poll cannot wait less than
             # a millisecond, and a loop of poll(0) would spin
@@ -218,7 +207,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
             raise RuntimeError("no WELCOME")
         sock.recv()
         confirm_us = []
-        for i in paced(rate, n):
+        for i in publish_times(n, rate):
             sent = time.time_ns()
             sock.send(wire.encode(wire.Publish(i + 1, "floors", [(stamped(), {}, None)])))
             while True:  # the server's heartbeats come on the same socket
@@ -272,7 +261,7 @@ def echo(seconds: float, rate: float, transport: str) -> dict:
     sock.connect(endpoint)
     rtt = []
     try:
-        for _ in paced(rate, n):
+        for _ in publish_times(n, rate):
             sock.send(stamped())
             if not sock.poll(10_000):
                 raise RuntimeError("echo: no answer in 10 s")

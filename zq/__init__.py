@@ -22,6 +22,7 @@ from zq.core.errors import (
     UnknownQueueError,
     ZqError,
 )
+from zq.publisher import Publisher
 from zq.server import Dispatcher, Server
 from zq.worker import Worker
 
@@ -36,6 +37,7 @@ __all__ = [
     "Message",
     "NotSupportedError",
     "ProtocolError",
+    "Publisher",
     "Server",
     "Subscription",
     "UnknownQueueError",
