@@ -82,7 +82,6 @@ class Worker(MessageStream):
         self._local: collections.deque[Message] = collections.deque()
         self._settles: list[tuple[str, int]] = []  # (op, bookmark) of this session
         self._sock: zmq.Socket | None = None
-        self._poller = zmq.Poller()  # kept: Socket.poll builds a Poller per call
         self._last_heard = self._last_sent = 0.0
         self._open_session()
         deadline = time.monotonic() + connect_timeout
@@ -181,7 +180,7 @@ class Worker(MessageStream):
         if self._sock is not None:
             self._sock.close(0)
         sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name)
-        self._poller = zmq.Poller()
+        self._poller = zmq.Poller()  # one per session, kept: Socket.poll builds a Poller per call
         self._poller.register(sock, zmq.POLLIN)
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
