@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import os
 import queue as queue_mod
 import random
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
@@ -37,7 +38,8 @@ import zmq
 from zq import wire
 from zq.core import limits
 from zq.core import records as R
-from zq.core.errors import ZqError
+from zq.core.errors import LimitError, ZqError
+from zq.core.settings import check_topic
 
 log = logging.getLogger("zq.client")
 
@@ -71,10 +73,11 @@ class ConnectionLost(ZqError):
 class PublishBatch:
     """The messages of one PUBLISH frame: one wait object for all of them."""
 
-    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks")
+    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
+        self.order = 0  # its place in the client's order of calls, once sealed
         self.items: list[tuple[bytes, dict[str, str], str | None]] = []
         self.size = 0
         self.event = threading.Event()
@@ -170,7 +173,7 @@ class Message:
             self._sub._settle("expire", self)
 
     def extend(self, seconds: float) -> None:
-        self._sub._extend(self, int(seconds * 1000))
+        self._sub._extend(self, duration_arg(seconds, "extend"))
 
     def __repr__(self) -> str:
         return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
@@ -206,7 +209,8 @@ class Subscription(MessageStream):
         self.backlog = 0  # granted by the server
         self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
         self.local: collections.deque[Message] = collections.deque()
-        self.settle: collections.deque[tuple[str, int, int]] = collections.deque()  # op, bookmark, generation
+        # op, bookmark, generation, place in the client's order of calls (``Client._order``)
+        self.settle: collections.deque[tuple[str, int, int, int]] = collections.deque()
         self.refused = 0
         self.closed = False
         self.ended = False  # a replay reached its END
@@ -276,8 +280,8 @@ class Subscription(MessageStream):
         self._settle_many("cancel", messages)
 
     def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
-        settle = self.settle
-        settle.extend((op, m.bookmark, m._generation) for m in messages if m.deliveries)
+        settle, order = self.settle, self.client._order
+        settle.extend((op, m.bookmark, m._generation, next(order)) for m in messages if m.deliveries)
         if settle:
             self.client._wake()
 
@@ -286,7 +290,7 @@ class Subscription(MessageStream):
         unsent settle (it then polls every ACK_DELAY), when the user has taken everything
         received so far, or at half the backlog (``Client._settle_due`` decides)."""
         first = not self.settle
-        self.settle.append((op, msg.bookmark, msg._generation))
+        self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order)))
         if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
             self.client._wake()
 
@@ -309,7 +313,7 @@ class Subscription(MessageStream):
         with ``allow_ack_unleased`` (work done another way; a message still in a
         TargetQueueDepth queue's journal-only part). Bookmarks the queue cannot take
         are ignored by the server."""
-        self.client._submit(wire.Ack(self.sub_id, list(bookmarks)))
+        self.client._submit(wire.Ack(self.sub_id, [bookmark_arg(b) for b in bookmarks]))
 
     def _extend(self, msg: Message, ms: int) -> None:
         self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
@@ -349,7 +353,8 @@ class Replay(Subscription):
         msg = super().get(timeout)
         if msg is not None:
             self.last = msg.bookmark
-            self.settle.append(("ack", msg.bookmark, msg._generation))  # window credit, not an ack of the message
+            # window credit, not an ack of the message
+            self.settle.append(("ack", msg.bookmark, msg._generation, next(self.client._order)))
             self.client._wake()
         return msg
 
@@ -381,11 +386,17 @@ class Client:
         self.liveness = liveness
         self.generation = 0
         self.closed = False
+        check_endpoint(endpoint)
         self._reqs = itertools.count(1)
         self._sub_ids = itertools.count(1)
-        self._out: collections.deque[tuple[object, Future | None]] = collections.deque()
+        # Every call's place in one order (requests, settles, sealed publish batches), so
+        # the I/O thread sends frames in the order this client's calls were made.
+        self._order = itertools.count(1)
+        self._out: collections.deque[Outgoing] = collections.deque()
         self._pending: dict[int, tuple[Future, object]] = {}
-        self._publishes: dict[int, tuple[Future | PublishBatch, wire.Publish]] = {}
+        self._publishes: dict[int, tuple[Future | PublishBatch, bytes]] = {}  # req -> waiter, encoded PUBLISH
+        self._broken: BaseException | None = None  # why the I/O thread died, if it did
+        self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
         self._subs: dict[str, Subscription] = {}
         self._window = window
         self._unconfirmed = 0  # messages published and not yet confirmed
@@ -434,7 +445,9 @@ class Client:
     ) -> PublishFuture:
         """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
         self._check_open()
+        check_topic(topic)
         item = _item(data, group, priority, msg_id, headers)
+        self._check_size(item)
         with self._publish_lock:
             while self._unconfirmed >= self._window:
                 self._window_free.wait(1.0)
@@ -443,7 +456,7 @@ class Client:
             batch = self._open_batches.get(topic)
             if batch is None or len(batch.items) >= limits.PUBLISH_BATCH_MAX or batch.size > limits.PUBLISH_BATCH_BYTES:
                 if batch is not None:
-                    self._sealed.append(batch)
+                    self._seal(batch)
                 batch = self._open_batches[topic] = PublishBatch(topic)
             batch.items.append(item)
             batch.size += len(item[0])
@@ -461,7 +474,10 @@ class Client:
     def publish_many_async(self, topic: str, messages: Iterable[bytes | str], **kw: Any) -> list[Future]:
         """Like ``publish_many`` without waiting: one future of bookmarks per frame sent."""
         self._check_open()
+        check_topic(topic)
         items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
+        for item in items:
+            self._check_size(item)
         return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
 
     def publish_records_async(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> list[Future]:
@@ -502,12 +518,16 @@ class Client:
         ``destructive`` removes them as they are taken (an at-most-once batch get).
         """
         self._check_open()
+        if not isinstance(limit, int) or not 1 <= limit <= limits.CLAIM_MAX:
+            raise ValueError(f"claim limit must be 1..{limits.CLAIM_MAX}, got {limit!r}")
+        wait_ms = duration_arg(wait, "claim wait", allow_zero=True)
+        lease_ms = duration_arg(lease, "claim lease")
         sub_id = f"claim:{queue}"
         sub = self._subs.get(sub_id)
         if sub is None:
             sub = self._subs[sub_id] = Subscription(self, sub_id, queue, 0)  # backlog 0: never resubscribed
         answer = self._request(
-            lambda req: wire.Claim(req, sub_id, queue, limit, int(wait * 1000), int(lease * 1000), destructive, filter),
+            lambda req: wire.Claim(req, sub_id, queue, limit, wait_ms, lease_ms, destructive, filter),
             timeout=wait + 30.0,
         )
         out = []
@@ -659,8 +679,30 @@ class Client:
     # ------------------------------------------------------ user-side plumbing
 
     def _check_open(self) -> None:
+        if self._broken is not None:
+            raise ConnectionLost(f"this client's I/O thread failed ({self._broken!r}); make a new client")
         if self.closed:
             raise ConnectionLost("client is closed")
+
+    def _check_size(self, item: tuple[bytes, dict[str, str], str | None]) -> None:
+        if len(item[0]) > self.max_message_bytes:
+            raise LimitError(f"message of {len(item[0]):,} bytes is over the dispatcher's limit of "
+                             f"{self.max_message_bytes:,} bytes (server.max_message_size)")
+
+    def _seal(self, batch: PublishBatch) -> None:
+        """A publish batch takes its place in the order of calls (caller holds the lock)."""
+        batch.order = next(self._order)
+        self._sealed.append(batch)
+
+    def _enqueue(self, req: int, cmd: object, fut: Future | None) -> None:
+        """Encode ``cmd`` here, in the caller's thread, so a value that cannot travel is
+        the caller's error at once, never the I/O thread's; then queue it in order."""
+        frame = encode_command(cmd)
+        with self._publish_lock:  # what was published before this call leaves before it
+            for batch in list(self._open_batches.values()):
+                self._seal(batch)
+            self._open_batches.clear()
+            self._out.append(Outgoing(req, cmd, frame, fut, next(self._order)))
 
     def _wake(self) -> None:
         if not self._woken:
@@ -671,13 +713,15 @@ class Client:
                 pass
 
     def _submit(self, cmd: object) -> None:
-        self._out.append((cmd, None))
+        self._check_open()
+        self._enqueue(0, cmd, None)
         self._wake()
 
     def _request(self, make: Callable[[int], object], *, timeout: float = 30.0, wait: bool = True) -> Any:
         self._check_open()
         fut: Future = Future()
-        self._out.append((make, fut))
+        req = next(self._reqs)
+        self._enqueue(req, make(req), fut)
         self._wake()
         if not wait:
             return fut
@@ -708,12 +752,16 @@ class Client:
                     break
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 2.0)
-        except Exception:  # pragma: no cover - logged, then every waiter is failed
+        except Exception as exc:  # a bug: every waiting and later call fails at once, naming it
             log.exception("zq client I/O thread crashed")
+            self._broken = exc
         finally:
             if sock is not None:
                 sock.close(0)
-            self._fail_all(ConnectionLost("client closed"))
+            if self._broken is not None:
+                self._fail_all(ConnectionLost(f"this client's I/O thread failed ({self._broken!r})"))
+            else:
+                self._fail_all(ConnectionLost("client closed"))
 
     def _open_socket(self) -> zmq.Socket:
         self.generation += 1
@@ -801,6 +849,7 @@ class Client:
             else:
                 log.error("dispatcher error: %s: %s", msg.code, msg.message)
         elif t is wire.Welcome:
+            self.max_message_bytes = msg.max_message_bytes
             self._on_welcome(sock)
             return "welcome"
         return None
@@ -822,8 +871,8 @@ class Client:
                 sub.settle.clear()
                 sub.received = sub.settles_taken = 0
                 sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog, sub.filter)))
-        for req, (_, cmd) in list(self._publishes.items()):
-            sock.send(wire.encode(cmd))
+        for req, (_, frame) in list(self._publishes.items()):
+            sock.send(frame)
 
     def _settle_due(self, sub: Subscription, now: float) -> bool:
         """Coalesce acks (ANCHORS rule 2: one ack frame per delivered frame).
@@ -846,26 +895,21 @@ class Client:
         force = force or bool(waiters)
         sent = False
         while self._out:
-            cmd, fut = self._out.popleft()
-            if callable(cmd):
-                req = next(self._reqs)
-                cmd = cmd(req)
-                if type(cmd) is wire.Publish:
-                    self._publishes[req] = (fut, cmd)  # type: ignore[assignment]
+            out = self._out.popleft()
+            sent |= self._send_before(sock, out.order)
+            if out.fut is not None:
+                if type(out.cmd) is wire.Publish:
+                    self._publishes[out.req] = (out.fut, out.frame)
                 else:
-                    self._pending[req] = (fut, cmd)
-            sock.send(wire.encode(cmd))
+                    self._pending[out.req] = (out.fut, out.cmd)
+            sock.send(out.frame)
             sent = True
         with self._publish_lock:
             batches = list(self._sealed) + list(self._open_batches.values())
             self._sealed.clear()
             self._open_batches.clear()
         for batch in batches:
-            req = next(self._reqs)
-            cmd = wire.Publish(req, batch.topic, batch.items)
-            self._publishes[req] = (batch, cmd)
-            sock.send(wire.encode(cmd))
-            sent = True
+            sent |= self._send_batch(sock, batch)
         now = time.monotonic()
         for sub in list(self._subs.values()):
             if sub.settle and (force or self._settle_due(sub, now)):
@@ -874,11 +918,33 @@ class Client:
             fut.set_result(None)
         return sent
 
-    def _send_settles(self, sock: zmq.Socket, sub: Subscription) -> bool:
+    def _send_before(self, sock: zmq.Socket, order: int) -> bool:
+        """Send the publish batches sealed and the settles made before call ``order``."""
+        sent = False
+        with self._publish_lock:
+            batches = []
+            while self._sealed and self._sealed[0].order < order:
+                batches.append(self._sealed.popleft())
+        for batch in batches:
+            sent |= self._send_batch(sock, batch)
+        for sub in list(self._subs.values()):
+            if sub.settle and sub.settle[0][3] < order:
+                sent |= self._send_settles(sock, sub, order)
+        return sent
+
+    def _send_batch(self, sock: zmq.Socket, batch: PublishBatch) -> bool:
+        req = next(self._reqs)
+        frame = wire.encode(wire.Publish(req, batch.topic, batch.items))  # items were checked by _item
+        self._publishes[req] = (batch, frame)
+        sock.send(frame)
+        return True
+
+    def _send_settles(self, sock: zmq.Socket, sub: Subscription, before: int | None = None) -> bool:
         current: list[tuple[str, int]] = []
         sub.settle_since = 0.0
-        while sub.settle:
-            op, bookmark, generation = sub.settle.popleft()
+        settle = sub.settle
+        while settle and (before is None or settle[0][3] < before):
+            op, bookmark, generation, _ = settle.popleft()
             sub.settles_taken += 1
             if generation == self.generation:
                 current.append((op, bookmark))
@@ -920,7 +986,7 @@ class Client:
         for req in list(self._pending):
             self._reject(req, exc)
         while self._out:
-            cmd, fut = self._out.popleft()
+            fut = self._out.popleft().fut
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
         with self._publish_lock:
@@ -986,13 +1052,88 @@ def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
 def _item(
     data: bytes | str, group: str | None, priority: int | None, msg_id: str | None, headers: dict[str, str] | None
 ) -> tuple[bytes, dict[str, str], str | None]:
-    payload = data.encode() if isinstance(data, str) else bytes(data)
-    h = dict(headers) if headers else {}
+    """One message as the wire carries it, checked in the caller's thread: a value that
+    cannot travel is a clear error here, not a silent failure later."""
+    if isinstance(data, str):
+        payload = data.encode()
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        payload = bytes(data)
+    else:
+        raise TypeError(f"message data must be bytes or str, got {type(data).__name__}")
+    h: dict[str, str] = {}
+    if headers:
+        if not isinstance(headers, dict):
+            raise TypeError(f"headers must be a dict of str to str, got {type(headers).__name__}")
+        for k, v in headers.items():
+            if type(k) is not str or type(v) is not str:
+                raise TypeError(f"header {k!r}: names and values must be str, got {type(v).__name__} "
+                                f"{v!r:.40} (write str(value))")
+            h[k] = v
     if group is not None:
         h["group"] = str(group)
     if priority is not None:
-        h["priority"] = str(int(priority))
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        h["priority"] = str(priority)
+    if msg_id is not None and type(msg_id) is not str:
+        raise TypeError(f"msg_id must be a str, got {type(msg_id).__name__}")
     return (payload, h, msg_id)
+
+
+class Outgoing(NamedTuple):
+    """A call queued for the I/O thread: encoded in the caller's thread, sent in order."""
+
+    req: int
+    cmd: object
+    frame: bytes
+    fut: Future | None
+    order: int
+
+
+def encode_command(cmd: object) -> bytes:
+    """Encode a client command, or raise ValueError naming what cannot travel.
+
+    msgspec encodes whatever a field holds; decoding our own frame checks each field
+    against the protocol's types (wire.client_decoder), as the dispatcher will."""
+    try:
+        frame = wire.encode(cmd)
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
+    if type(cmd) is not wire.Publish:  # publishes are checked message by message (_item)
+        try:
+            wire.client_decoder.decode(frame)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
+    return frame
+
+
+def bookmark_arg(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise ValueError(f"a bookmark is an int 0..2**64-1, got {value!r:.40}")
+    return value
+
+
+def duration_arg(seconds: object, what: str, *, allow_zero: bool = False) -> int:
+    """Seconds from the caller as whole milliseconds in 1 (or 0) .. 100 years."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what}: seconds must be a number, got {type(seconds).__name__}")
+    if not math.isfinite(seconds) or not (0 if allow_zero else 0.001) <= seconds <= limits.DURATION_MS_MAX / 1000:
+        raise ValueError(f"{what}: {seconds!r} seconds is out of range "
+                         f"({'0' if allow_zero else '0.001'}..{limits.DURATION_MS_MAX // 1000})")
+    return int(seconds * 1000)
+
+
+_SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")
+
+
+def check_endpoint(endpoint: object) -> None:
+    """Refuse an endpoint libzmq would choke on, in the caller's thread."""
+    if not isinstance(endpoint, str) or not endpoint:
+        raise ValueError(f"an endpoint is a string such as tcp://127.0.0.1:7780, got {endpoint!r}")
+    for part in endpoint.split(","):
+        if not part.strip().startswith(_SCHEMES):
+            raise ValueError(f"endpoint {part.strip()!r} has no transport: write tcp://{part.strip()} "
+                             f"(or ipc://, inproc://)")
 
 
 def connect(endpoint: str | None = None, **kw: Any) -> Client:

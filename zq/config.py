@@ -14,6 +14,7 @@ import msgspec
 
 from zq.core import limits
 from zq.core.errors import ConfigError
+from zq.core.regex import PatternError, compile_pattern
 from zq.core.settings import QueueSettings
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7780"
@@ -29,20 +30,31 @@ _SIZE_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, 
 def duration_ms(text: str | int, key: str) -> int:
     """'30s' -> 30000. A bare integer is taken as milliseconds."""
     if isinstance(text, int):
-        return text
-    m = _DURATION.match(text)
-    if not m:
-        raise ConfigError(f"{key}: {text!r} is not a duration (use e.g. '500ms', '30s', '5m', '1h', '7d')")
-    return int(float(m.group(1)) * _DURATION_MS[m.group(2)])
+        ms = text
+    else:
+        m = _DURATION.match(text) if isinstance(text, str) else None
+        if not m:
+            raise ConfigError(f"{key}: {str(text)[:80]!r} is not a duration (use e.g. '500ms', '30s', '5m', '1h', '7d')")
+        value = float(m.group(1)) * _DURATION_MS[m.group(2)]
+        if not value <= limits.DURATION_MS_MAX:  # also catches inf
+            raise ConfigError(f"{key}: {text[:80]!r} is longer than 100 years")
+        ms = int(value)
+    if not -limits.DURATION_MS_MAX <= ms <= limits.DURATION_MS_MAX:
+        raise ConfigError(f"{key}: {ms} ms is longer than 100 years")
+    return ms
 
 
 def size_bytes(text: str | int, key: str) -> int:
     if isinstance(text, int):
-        return text
-    m = _SIZE.match(text)
-    if not m:
-        raise ConfigError(f"{key}: {text!r} is not a size (use e.g. '64KiB', '16MiB')")
-    return int(m.group(1)) * _SIZE_BYTES[m.group(2)]
+        n = text
+    else:
+        m = _SIZE.match(text) if isinstance(text, str) and len(text) < 64 else None
+        if not m:
+            raise ConfigError(f"{key}: {str(text)[:80]!r} is not a size (use e.g. '64KiB', '16MiB')")
+        n = int(m.group(1)) * _SIZE_BYTES[m.group(2)]
+    if not -limits.COUNT_MAX <= n <= limits.COUNT_MAX:
+        raise ConfigError(f"{key}: {n} bytes is beyond 2**53")
+    return n
 
 
 class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -164,11 +176,11 @@ _CONVERTED = {
 
 
 def queue_settings(q: QueueSection, where: str) -> QueueSettings:
-    try:
-        if q.topics is not None:
-            re.compile(q.topics)
-    except re.error as exc:
-        raise ConfigError(f"{where}.topics: bad regex {q.topics!r}: {exc}") from None
+    if q.topics is not None:
+        try:
+            compile_pattern(q.topics)
+        except PatternError as exc:
+            raise ConfigError(f"{where}.topics: {q.topics[:80]!r}: {exc}") from None
     kwargs = {}
     for key in QueueSection.__struct_fields__:  # same-named keys copy; units are converted
         value = getattr(q, key)

@@ -27,7 +27,10 @@ from collections.abc import Iterable
 import zmq
 
 from zq import wire
-from zq.client import ConnectionLost, _chunks, _item, error_from, open_session_socket
+from zq.client import ConnectionLost, _chunks, _item, check_endpoint, error_from, open_session_socket
+from zq.core import limits
+from zq.core.errors import LimitError
+from zq.core.settings import check_topic
 
 __all__ = ["Publisher"]
 
@@ -41,7 +44,9 @@ class Publisher:
 
     def __init__(self, endpoint: str, *, name: str | None = None, context: zmq.Context | None = None,
                  connect_timeout: float = 10.0, window: int = 16) -> None:
+        check_endpoint(endpoint)
         self.endpoint = endpoint
+        self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
         where = f"{socket.gethostname()}:{os.getpid()}"
         self.name = f"{where} {name}" if name else where
         self.ctx = context or zmq.Context.instance()
@@ -91,6 +96,11 @@ class Publisher:
     def _publish(self, topic: str, items: list, timeout: float) -> list[int]:
         if self.closed:
             raise ConnectionLost("publisher is closed")
+        check_topic(topic)
+        for item in items:
+            if len(item[0]) > self.max_message_bytes:
+                raise LimitError(f"message of {len(item[0]):,} bytes is over the dispatcher's limit of "
+                                 f"{self.max_message_bytes:,} bytes (server.max_message_size)")
         deadline = time.monotonic() + timeout
         chunks = list(_chunks(items))
         results: list[list[int] | None] = [None] * len(chunks)
@@ -163,6 +173,7 @@ class Publisher:
             msg = wire.server_decoder.decode(sock.recv())
             if type(msg) is wire.Welcome:
                 self.heartbeat_ms = msg.heartbeat_ms
+                self.max_message_bytes = msg.max_message_bytes
                 return
 
 

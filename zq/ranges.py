@@ -19,8 +19,9 @@ frame (``records_frame``), which then travels to the ROUTER socket without a cop
 
 from __future__ import annotations
 
+import collections
 import logging
-import re
+import queue
 import struct
 import sys
 import threading
@@ -34,11 +35,14 @@ import zmq
 
 from zq import wire
 from zq.core import records as R
+from zq.core.errors import LimitError
+from zq.core.regex import compile_pattern
 
 log = logging.getLogger("zq.ranges")
 
 RANGE_RECORDS_MAX = 65_536
 RANGE_BYTES_MAX = 16 * 1024 * 1024
+RANGE_REQUESTS_MAX = 64  # RANGE requests queued for the reader thread at once (all peers)
 
 
 def msgpack_array(raws: list[bytes]) -> bytes:
@@ -66,20 +70,24 @@ class RangeReader:
         self.loop_side.bind(self.endpoint)
         self.thread_side = ctx.socket(zmq.PAIR)
         self.thread_side.connect(self.endpoint)
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending: collections.deque[bytes] = collections.deque()  # requests not yet answered
         self.thread = threading.Thread(target=self.run, name="zq-ranges", daemon=True)
         self.thread.start()
 
     # ------------------------------------------------------------ loop side
 
     def forward(self, peer_id: bytes, cmd: wire.Range) -> None:
-        """Hand a RANGE to the reader thread; the queue's topics are resolved here."""
-        covers = None
-        if cmd.target:
-            queue_covers = self.covers_of(cmd.target)
-            if queue_covers is not None:
-                # The thread must not touch engine state: pass the queue's regex instead.
-                covers = ("queue", queue_covers)
-        self.loop_side.send_pyobj((peer_id, cmd, covers))
+        """Hand a RANGE to the reader thread; the queue's topics are resolved here.
+
+        The request travels as an object through ``requests`` (a thread-safe queue),
+        never pickled: a queue's topic matcher is a compiled pattern, which pickle
+        cannot carry (that once ended the dispatcher)."""
+        if len(self.pending) >= RANGE_REQUESTS_MAX:
+            raise LimitError(f"too many range requests waiting (max {RANGE_REQUESTS_MAX}); retry shortly")
+        covers = self.covers_of(cmd.target) if cmd.target else None
+        self.pending.append(peer_id)
+        self.requests.put((peer_id, cmd, covers))
 
     def answers(self) -> list[tuple[bytes, zmq.Frame]]:
         """Answers ready to send. The answer stays a ``zmq.Frame``: sending it on passes
@@ -92,10 +100,12 @@ class RangeReader:
                 peer_id, frame = self.loop_side.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return out
+            if self.pending:
+                self.pending.popleft()
             out.append((peer_id.bytes, frame))
 
     def close(self) -> None:
-        self.loop_side.send_pyobj(None)
+        self.requests.put(None)
         self.thread.join(10)
         self.loop_side.close(0)
 
@@ -105,7 +115,7 @@ class RangeReader:
         sock = self.thread_side
         try:
             while True:
-                item = sock.recv_pyobj()
+                item = self.requests.get()
                 if item is None:
                     return
                 peer_id, cmd, covers = item
@@ -132,9 +142,9 @@ class RangeReader:
         if not target:
             return None
         if covers is not None:
-            return covers[1]
+            return covers
         if target.startswith("^"):
-            pattern = re.compile(target)
+            pattern = compile_pattern(target)  # RE2: the reader thread holds the GIL while it matches
             return lambda topic: pattern.fullmatch(topic) is not None
         return target  # an exact topic: select_records compares encoded bytes
 

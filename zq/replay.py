@@ -21,7 +21,6 @@ further ahead: a replay of a year of history never floods memory.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,11 +29,14 @@ import msgspec
 from zq import wire
 from zq.core import limits
 from zq.core import records as R
-from zq.core.errors import ProtocolError
+from zq.core.errors import LimitError, ProtocolError
+from zq.core.regex import PatternError, compile_pattern
 from zq.core.expr import compile_filter
 
 REPLAY_READ_MAX = 2048  # records one replay reads per loop iteration
 REPLAYS_PER_PEER_MAX = 64
+REPLAYS_MAX = 1024  # open replays, all connections together
+PUMP_READ_MAX = 16_384  # records all replays together read in one loop iteration (bounds the loop's time)
 
 
 @dataclass
@@ -57,21 +59,24 @@ class Replayer:
         self.journal = journal
         self.engine_of = engine_of
         self.replays: dict[str, Replay] = {}
+        self.turn = 0
 
     def open(self, key: str, peer_id: bytes, cmd: wire.Replay) -> dict:
         if key in self.replays:
             raise ProtocolError(f"replay {cmd.sub!r} already open on this connection")
         if sum(1 for r in self.replays.values() if r.peer_id == peer_id) >= REPLAYS_PER_PEER_MAX:
-            raise ProtocolError(f"at most {REPLAYS_PER_PEER_MAX} replays per connection")
+            raise LimitError(f"at most {REPLAYS_PER_PEER_MAX} replays per connection")
+        if len(self.replays) >= REPLAYS_MAX:
+            raise LimitError(f"at most {REPLAYS_MAX} replays open at once")
         engine = self.engine_of()
         q = engine.queues.get(cmd.target)  # type: ignore[attr-defined]
         if q is not None:
             covers = q.covers
         elif cmd.target.startswith("^"):
             try:
-                pattern = re.compile(cmd.target)
-            except re.error as exc:
-                raise ProtocolError(f"bad topic pattern {cmd.target!r}: {exc}") from None
+                pattern = compile_pattern(cmd.target)
+            except PatternError as exc:
+                raise ProtocolError(f"bad topic pattern {cmd.target[:80]!r}: {exc}") from None
             covers = lambda topic: pattern.fullmatch(topic) is not None  # noqa: E731
         else:
             covers = cmd.target.__eq__
@@ -114,14 +119,20 @@ class Replayer:
             return
         decode = R.message_decoder.decode
         journal_end = self.next_seq_bound()
-        for key, r in list(self.replays.items()):
+        items = list(self.replays.items())
+        self.turn = (self.turn + 1) % len(items)
+        budget = PUMP_READ_MAX  # shared, starting at a different replay each time: none starves
+        for key, r in items[self.turn:] + items[: self.turn]:
             room = r.window - r.in_flight
             stop = journal_end if r.end is None else min(r.end, journal_end)
             if room <= 0 or r.cursor >= stop:
                 continue
+            if budget <= 0:
+                break
             raws: list[msgspec.Raw] = []
-            want = min(REPLAY_READ_MAX, max(room * 4, 64))
+            want = min(REPLAY_READ_MAX, max(room * 4, 64), budget)
             rows = self.journal.read_raw(r.cursor, want)
+            budget -= max(len(rows), 1)
             full = False
             for seq, raw in rows:
                 if seq >= stop:

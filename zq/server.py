@@ -40,14 +40,22 @@ from zq.replay import Replayer
 log = logging.getLogger("zq.server")
 
 FRAMES_PER_ITERATION = 1000
+RECEIVE_BUDGET_S = 0.05  # stop reading after this long: what was read is committed and answered first
 # Socket flags as plain ints: ``zmq.SNDMORE | zmq.NOBLOCK`` builds an enum member on
 # every call (0.36 us), paid per frame sent.
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 RETENTION_INTERVAL_MS = 10_000
+SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 SERVER_NAME = "zq/0.1.0"
+INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
+
+
+def check_sub_id(sub: str) -> None:
+    if not sub or len(sub) > limits.NAME_BYTES_MAX or len(sub.encode()) > limits.NAME_BYTES_MAX:
+        raise ProtocolError(f"a subscription id must be 1..{limits.NAME_BYTES_MAX} bytes")
 
 
 def wall_ms() -> int:
@@ -110,6 +118,12 @@ class Server:
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         self.frames_in = 0
         self.frames_out = 0
+        # The watchdog: what held the loop longest, and failures the safety net caught
+        # (each one is a bug to fix: the fuzzer fails on any).
+        self.loop_max_ms = 0.0
+        self.slowest_command: tuple[float, str] = (0.0, "")
+        self.slow_commands = 0
+        self.internal_errors = 0
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -172,6 +186,16 @@ class Server:
                 except BlockingIOError:
                     pass
             now = wall_ms()
+        started = time.perf_counter()
+        try:
+            self.serve_once(now)
+        finally:
+            took_ms = (time.perf_counter() - started) * 1000
+            if took_ms > self.loop_max_ms:
+                self.loop_max_ms = took_ms
+
+    def serve_once(self, now: int) -> None:
+        """One iteration after the poll: read, step the engine, commit, send."""
         self.receive_all(now)
         for peer_id, frame in self.ranges.answers():
             self.send(peer_id, frame)
@@ -221,7 +245,10 @@ class Server:
 
     def receive_all(self, now: int) -> None:
         sock = self.sock
-        for _ in range(FRAMES_PER_ITERATION):
+        budget_end = time.perf_counter() + RECEIVE_BUDGET_S
+        for i in range(FRAMES_PER_ITERATION):
+            if i & 63 == 63 and time.perf_counter() > budget_end:
+                return  # commit and send what we have; the rest is read next iteration
             try:
                 peer_id = sock.recv(_NOBLOCK)
             except zmq.Again:
@@ -243,7 +270,7 @@ class Server:
         except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
             self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {exc}"))
             return
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, ValueError) as exc:  # ValueError: a str that is not UTF-8
             self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {exc}"))
             return
         peer = self.peers.get(peer_id)
@@ -253,10 +280,22 @@ class Server:
             return
         if peer is not None:
             peer.last_heard_ms = now  # any frame counts as a heartbeat
+        started = time.perf_counter()
         try:
             self.dispatch_command(peer_id, peer, cmd, now)
         except ZqError as exc:
-            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)))
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
+        except Exception as exc:  # noqa: BLE001 -- the safety net: one peer's frame never ends the dispatcher
+            self.internal_errors += 1
+            log.exception("internal error handling %s from %s", type(cmd).__name__, peer_id.hex())
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), INTERNAL,
+                                           f"internal error ({type(exc).__name__}); the dispatcher goes on"))
+        took_ms = (time.perf_counter() - started) * 1000
+        if took_ms > SLOW_COMMAND_MS:
+            self.slow_commands += 1
+            log.warning("%s from %s held the loop %.0f ms", type(cmd).__name__, peer_id.hex(), took_ms)
+        if took_ms > self.slowest_command[0]:
+            self.slowest_command = (took_ms, type(cmd).__name__)
 
     def dispatch_command(self, peer_id: bytes, peer: Peer | None, cmd: object, now: int) -> None:
         t = type(cmd)
@@ -296,6 +335,7 @@ class Server:
             result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
             self.reply(peer_id, wire.Reply(cmd.req, result))  # type: ignore[attr-defined]
         elif t is wire.Replay:
+            check_sub_id(cmd.sub)  # type: ignore[attr-defined]
             info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
             self.reply(peer_id, wire.Reply(cmd.req, info))  # type: ignore[attr-defined]
         elif t is wire.Claim:
@@ -330,6 +370,7 @@ class Server:
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
+        check_sub_id(cmd.sub)
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
         backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
@@ -338,6 +379,7 @@ class Server:
         self.reply(peer.peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
 
     def on_claim(self, peer: Peer, cmd: wire.Claim, now: int) -> None:
+        check_sub_id(cmd.sub)
         key = self.sub_key(peer, cmd.sub)
         if key in self.claims:
             raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
@@ -395,8 +437,15 @@ class Server:
             self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
 
     def queue_covers(self, name: str):  # type: ignore[no-untyped-def]
+        """A queue's topic matcher for the reader thread: built from the queue's settings
+        alone, so the thread never reads engine state."""
         q = self.engine.queues.get(name)
-        return q.covers if q is not None else None
+        if q is None:
+            return None
+        pattern = q.topic_re
+        if pattern is None:
+            return name.__eq__
+        return lambda topic: pattern.fullmatch(topic) is not None
 
     def configured_queue(self, name: str) -> bool:
         """Is ``name`` a queue of the config file (which wins over run-time ones)?"""
@@ -409,7 +458,14 @@ class Server:
     # ----------------------------------------------------------- sending
 
     def reply(self, peer_id: bytes, msg: object) -> None:
-        self.held.append((peer_id, wire.encode(msg)))
+        try:
+            frame = wire.encode(msg)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            # An answer zq cannot encode is zq's bug, not the peer's: say so, keep serving.
+            self.internal_errors += 1
+            log.error("could not encode %s: %s", type(msg).__name__, exc)
+            frame = wire.encode(wire.Error(getattr(msg, "req", 0), INTERNAL, f"answer not encodable: {exc}"))
+        self.held.append((peer_id, frame))
 
     def send(self, peer_id: bytes, frame: bytes | zmq.Frame) -> bool:
         try:
@@ -532,6 +588,10 @@ class Server:
             "peers": len(self.peers),
             "frames_in": self.frames_in,
             "frames_out": self.frames_out,
+            "loop_max_ms": round(self.loop_max_ms, 3),
+            "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
+            "slow_commands": self.slow_commands,
+            "internal_errors": self.internal_errors,
             "endpoints": self.endpoints,
             "rates": self.rates(now),
         }

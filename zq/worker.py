@@ -39,7 +39,8 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client import EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, error_from, open_session_socket, send_settles
+from zq.client import (EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, check_endpoint, error_from,
+                       open_session_socket, send_settles)
 
 log = logging.getLogger("zq.worker")
 
@@ -63,6 +64,7 @@ class Worker(MessageStream):
         connect_timeout: float = 10.0,
         liveness: int = 3,
     ) -> None:
+        check_endpoint(endpoint)
         self.endpoint = endpoint
         self.queue = queue
         self.max_backlog = max_backlog

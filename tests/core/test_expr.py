@@ -1,6 +1,7 @@
 """The expression language: grammar, errors, NULL handling, safety, and the compiled
 form held to the reference evaluator by a property test."""
 
+import time
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -100,7 +101,9 @@ def test_a_body_that_does_not_fit_the_paths_gives_null_not_an_error():
     ("region AND 5", 11, "needs a condition"),
     ("region + (kind = 'a')", 15, "needs a value"),
     ("size + 1", 5, "needs a condition"),
-    ("kind ~ '(a+)+'", 7, "nested repetition"),
+    ("kind ~ '(a)\\1'", 7, "linear time"),
+    ("kind ~ '(?=a)b'", 7, "linear time"),
+    ("kind = 1e999", 7, "must be finite"),
     ("kind ~ '('", 7, "bad regular expression"),
     ("kind IN (1, size)", 12, "literals only"),
     ("region # 1", 7, "unexpected character"),
@@ -212,3 +215,24 @@ def test_compiled_filters_agree_with_the_reference_evaluator(text, headers, body
     assert compiled(headers, payload) is (E.reference_eval(tree, headers, body) is True), compiled.source
     # msgpack bodies read the same
     assert compiled(headers, msgspec.msgpack.encode(body)) is compiled(headers, payload)
+
+
+@pytest.mark.parametrize("text", [
+    "h ~ '(a+)+$'",                    # nested repetition: exponential under backtracking
+    "h ~ '.*a.*x'",                    # two stars, search: ~20 s on 4 KiB with Python's re
+    "h LIKE '%a%a%a%a%a%a%a%a%a%a%b'",  # LIKE of many %: polynomial under backtracking
+    "h ~ '(a|a)*x'",
+])
+def test_patterns_that_would_backtrack_match_in_linear_time(text):
+    """Every LIKE / MATCHES runs on RE2: the worst header (4 KiB) is one pass, not a stall.
+    The bound is generous (backtracking takes seconds to centuries on these inputs)."""
+    f = compile_filter(text)
+    started = time.perf_counter()
+    for _ in range(10):
+        assert f({"h": "a" * 4095 + "!"}, b"") is False
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_lone_surrogate_in_a_json_body_is_null_for_a_pattern_not_an_error():
+    f = compile_filter("/s ~ 'a'")
+    assert f({}, b'{"s": "\\udcff"}') is False

@@ -38,12 +38,13 @@ from zq.core.errors import (
     QueueFullError,
     UnknownQueueError,
     UnknownSubscriptionError,
+    ZqError,
 )
 from zq.core.depth import TargetDepthMixin
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
-from zq.core.settings import QueueSettings, auto_queue
+from zq.core.settings import QueueSettings, auto_queue, check_queue_name, check_topic
 
 
 # Publish -> ack latency histogram bucket upper bounds (ms); the last bucket is +Inf.
@@ -114,6 +115,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
     # ------------------------------------------------------------- queues
 
     def add_queue(self, settings: QueueSettings, *, declare: bool = True) -> Queue:
+        if settings.name not in self.queues and len(self.queues) >= limits.QUEUES_MAX:
+            raise LimitError(f"too many queues (max {limits.QUEUES_MAX})")
         if settings.target_queue_depth and self.scan is None:
             raise ConfigError(f"queue {settings.name!r}: target_queue_depth needs an engine with a journal scan port")
         q = Queue(settings)
@@ -421,6 +424,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         messages it matches, oldest first; the others wait for other subscribers.
         """
         self.set_time(now_ms)
+        check_queue_name(queue)
         match = None
         if filter:
             match = self.matcher(expr.compile_filter(filter))
@@ -497,8 +501,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.set_time(now_ms)
         if not 1 <= limit <= limits.CLAIM_MAX:
             raise ProtocolError(f"claim limit must be 1..{limits.CLAIM_MAX}, got {limit}")
-        if lease_ms <= 0:
-            raise ProtocolError("a claim's lease must be positive")
+        if not 0 < lease_ms <= limits.DURATION_MS_MAX:
+            raise ProtocolError(f"a claim's lease must be 1..{limits.DURATION_MS_MAX} ms")
         match = self.matcher(expr.compile_filter(filter)) if filter else None
         sub = self.subs.get(sub_id)
         if sub is None:
@@ -591,8 +595,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def extend(self, sub_id: str, seqs: list[int], extra_ms: int, now_ms: int) -> list[int]:
         """Lease the given messages for ``extra_ms`` from now; returns those refused."""
         self.set_time(now_ms)
-        if extra_ms <= 0:
-            raise ProtocolError("a lease extension must be positive")
+        if not 0 < extra_ms <= limits.DURATION_MS_MAX:
+            raise ProtocolError(f"a lease extension must be 1..{limits.DURATION_MS_MAX} ms")
         sub = self.sub(sub_id)
         return sub.queue.extend(sub, seqs, now_ms + extra_ms)
 
@@ -861,7 +865,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for d in declared:
             settings = msgspec.json.decode(d.settings_json, type=QueueSettings)
             if settings.name not in eng.queues:  # config wins over run-time declarations
-                eng.add_queue(settings, declare=False)
+                try:
+                    eng.add_queue(settings.validate(), declare=False)
+                except ZqError as exc:
+                    # Declared by an older zq that checked less (a filter of 1e999, a
+                    # backtracking topics pattern): not loaded, so it cannot stop the
+                    # dispatcher; its messages stay in the journal.
+                    eng.notices.append(f"run-time queue {settings.name[:80]!r} not loaded: {exc}; "
+                                       "`zq queue create` it again to replace it")
         done: dict[str, set[int]] = {name: set() for name in eng.queues}
         counts: dict[str, dict[int, list[int]]] = {name: {} for name in eng.queues}
         for ev in events:
@@ -961,13 +972,6 @@ def queue_kind(s: QueueSettings) -> str:
     if s.max_depth or s.max_bytes:
         parts.append(s.overflow)
     return ",".join(parts)
-
-
-def check_topic(topic: str) -> None:
-    if not topic:
-        raise ProtocolError("topic must not be empty")
-    if len(topic.encode()) > limits.TOPIC_BYTES_MAX:
-        raise LimitError(f"topic longer than {limits.TOPIC_BYTES_MAX} bytes")
 
 
 def check_headers(headers: dict[str, str]) -> None:

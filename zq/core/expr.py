@@ -9,8 +9,9 @@ Nothing the user typed reaches that source except through ``repr`` of a literal
 (strings, numbers) or of a field name, and the function runs with no builtins, so
 an expression can only read fields and call the helpers below: no code execution.
 Cost is bounded by the expression's size (``EXPR_CHARS_MAX``, ``DEPTH_MAX``,
-``IN_LIST_MAX``), by the message size, and by refusing regular expressions with
-nested repetition (the backtracking blow-up).
+``IN_LIST_MAX``), by the message size, and by matching every LIKE and MATCHES
+pattern with RE2 (``zq.core.regex``: linear in the input, never backtracking).
+Number literals must be finite: ``1e999`` is refused where it is written.
 
 Values are SQL-like with NULL: a missing header or body field is NULL; comparisons
 and arithmetic with NULL give NULL; AND / OR / NOT follow three-valued logic; a
@@ -34,12 +35,12 @@ from __future__ import annotations
 import math
 import operator
 import re
-from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any, Callable
 
 import msgspec
 
 from zq.core.errors import ProtocolError
+from zq.core.regex import PatternError, compile_pattern
 
 EXPR_CHARS_MAX = 4096
 DEPTH_MAX = 64
@@ -304,6 +305,8 @@ class Parser:
         if t.kind == "num":
             text = t.text
             value: Any = float(text) if any(c in text for c in ".eE") else int(text)
+            if type(value) is float and not math.isfinite(value):
+                raise self.error("number out of range (a float literal must be finite)", t)
             return ("lit", t.pos, value)
         if t.kind == "str":
             return ("lit", t.pos, t.text[1:-1].replace("''", "'"))
@@ -331,38 +334,10 @@ class Parser:
 def check_pattern(kind: str, pattern: str, text: str, pos: int) -> None:
     if len(pattern) > REGEX_CHARS_MAX:
         raise ExprError(f"pattern longer than {REGEX_CHARS_MAX} characters", text, pos)
-    if kind == "like":
-        return
     try:
-        parsed = sre_parse.parse(pattern)
-    except re.error as e:
-        raise ExprError(f"bad regular expression ({e})", text, pos) from None
-    if _nested_repeat(parsed, False):
-        raise ExprError("regular expression with nested repetition (unbounded cost) is refused", text, pos)
-
-
-_REPEATS = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, getattr(sre_parse, "POSSESSIVE_REPEAT", None)} - {None}
-
-
-def _nested_repeat(items: Any, inside: bool) -> bool:
-    for op, av in items:
-        if op in _REPEATS:
-            lo, hi, sub = av
-            unbounded = hi == sre_parse.MAXREPEAT or hi > 16
-            if inside and unbounded:
-                return True
-            if _nested_repeat(sub, inside or unbounded):
-                return True
-        elif op == sre_parse.SUBPATTERN:
-            if _nested_repeat(av[-1], inside):
-                return True
-        elif op == sre_parse.BRANCH:
-            if any(_nested_repeat(b, inside) for b in av[1]):
-                return True
-        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-            if _nested_repeat(av[1], inside):
-                return True
-    return False
+        like_to_regex(pattern) if kind == "like" else compile_pattern(pattern)
+    except PatternError as e:
+        raise ExprError(str(e), text, pos) from None
 
 
 def like_to_regex(pattern: str) -> re.Pattern[str]:
@@ -377,7 +352,7 @@ def like_to_regex(pattern: str) -> re.Pattern[str]:
             continue
         out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
         i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return compile_pattern("".join(out), dotall=True)
 
 
 def parse(text: str) -> tuple:
@@ -515,7 +490,7 @@ def in_list(v: Any, items: tuple) -> bool | None:
     return None if unknown else False
 
 
-def text_match(regex: re.Pattern[str], v: Any, search: bool) -> bool | None:
+def text_match(regex: Any, v: Any, search: bool) -> bool | None:
     if v is None:
         return None
     if type(v) is not str:
@@ -523,7 +498,10 @@ def text_match(regex: re.Pattern[str], v: Any, search: bool) -> bool | None:
             v = str(v)
         else:
             return None
-    return (regex.search(v) if search else regex.fullmatch(v)) is not None
+    try:
+        return (regex.search(v) if search else regex.fullmatch(v)) is not None
+    except UnicodeEncodeError:  # a lone surrogate (a JSON body's "\udcff") is no text RE2 reads
+        return None
 
 
 def walk(value: Any, path: tuple[str, ...]) -> Any:
@@ -781,7 +759,7 @@ class CodeGen:
             return self.maybe_not(inner, negated)
         if kind in ("like", "match"):
             negated, e, pattern = node[2], node[3], node[4]
-            regex = like_to_regex(pattern) if kind == "like" else re.compile(pattern)
+            regex = like_to_regex(pattern) if kind == "like" else compile_pattern(pattern)
             k = self.const(regex)
             inner = f"_text({k}, {self.gen(e)}, {kind == 'match'})"
             return self.maybe_not(inner, negated)
@@ -892,7 +870,7 @@ def reference_eval(node: tuple, headers: dict[str, str], body: Any, topic: str =
             r = in_list(ev(n[3]), n[4])
             return r if not n[2] or r is None else not r
         if kind in ("like", "match"):
-            regex = like_to_regex(n[4]) if kind == "like" else re.compile(n[4])
+            regex = like_to_regex(n[4]) if kind == "like" else compile_pattern(n[4])
             r = text_match(regex, ev(n[3]), kind == "match")
             return r if not n[2] or r is None else not r
         if kind == "isnull":

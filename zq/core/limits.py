@@ -7,7 +7,11 @@ raise the ones marked as configurable, within the hard maxima here.
 MESSAGE_BYTES_MAX = 16 * 1024 * 1024  # configurable: server.max_message_size
 HEADERS_MAX = 64  # header pairs per message
 HEADER_BYTES_MAX = 4096  # one header key or value
-TOPIC_BYTES_MAX = 512
+TOPIC_BYTES_MAX = 480  # also a queue's name: LMDB keys hold at most 511 bytes ("rp:" + name + ".dead")
+NAME_BYTES_MAX = 128  # a subscription, claim or replay id chosen by a client
+QUEUES_MAX = 10_000  # queues in one dispatcher, declared and auto-created
+DURATION_MS_MAX = 100 * 365 * 86_400_000  # any duration (lease, expiration, dedup window, extension): 100 years
+COUNT_MAX = 1 << 53  # any size or count setting (max_depth, max_bytes, target_queue_depth)
 BACKLOG_MAX = 65_536  # per subscription
 GROUPS_PER_QUEUE_MAX = 10_000_000  # configurable per queue: max_groups
 SUBSCRIPTIONS_MAX = 100_000
@@ -23,5 +27,6 @@ CLAIM_MAX = 4096  # messages one claim may take
 VIEW_SCAN_MAX = 1_000_000  # messages one peek / query / ack-by-filter reads (bounds a loop stall)
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX
+assert len(b"rp:") + TOPIC_BYTES_MAX + len(b".dead") <= 511  # LMDB's largest key
 assert MESSAGE_BYTES_MAX < FRAME_BYTES_MAX // 2  # an oversized message still gets an error reply
 assert DELIVERIES_MAX < 1 << 16

@@ -16,7 +16,7 @@ import msgspec
 from zq.core import expr, limits
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError, UnknownQueueError
-from zq.core.settings import QueueSettings
+from zq.core.settings import QueueSettings, check_topic
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -88,13 +88,14 @@ class ManagementMixin:
     def take_out(self, q: Queue, seqs: list[int], kind: str, consumer: str, reason: str = "") -> list[int]:
         """Remove ``seqs`` from ``q`` now, journaling ``kind`` (acked / expired) for each."""
         done = []
+        gids = q.waiting_gids() if q.groups and seqs else {}
         for seq in seqs:
             lease = q.lease_of.get(seq)
             if lease is not None:
                 _, m = q.release(seq)
                 q.finish(seq, m >> 32)
                 q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
-            elif q.remove_available(seq, known_waiting=True):
+            elif q.remove_available(seq, known_waiting=True, gid=gids.get(seq, 0)):
                 q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
             else:
                 continue
@@ -128,6 +129,8 @@ class ManagementMixin:
         q = self.queue(queue)  # type: ignore[attr-defined]
         if not target_topic or target_topic == queue and q.covers(target_topic):
             raise ProtocolError("move needs a different target topic")
+        check_topic(target_topic, "move target topic")
+        self.route_or_create(target_topic)  # type: ignore[attr-defined]  # refused here (queue limit), before anything moves
         seqs = self.take_out(q, self.select(q, filter, group), R.EXPIRED, "", REASON_MOVED)
         for seq in seqs:
             headers = {"zq.reason": REASON_MOVED, "zq.queue": q.name, "zq.bookmark": str(seq)}

@@ -55,7 +55,6 @@ queue's *expired watermark*.
 from __future__ import annotations
 
 import heapq
-import re
 from array import array
 from bisect import bisect_left, insort
 from collections import deque
@@ -65,6 +64,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
 from zq.core.expr import compile_filter, compile_value
+from zq.core.regex import compile_pattern
 from zq.core.ordering import SEQ_MASK, level_function, priority_level, sort_level
 from zq.core.settings import QueueSettings
 
@@ -159,7 +159,7 @@ class Queue:
         s = settings
         self.settings = s
         self.name = s.name
-        self.topic_re = re.compile(s.topics) if s.topics is not None else None
+        self.topic_re = compile_pattern(s.topics) if s.topics is not None else None
         self.at_most_once = s.semantics == "at-most-once"
         self.fairness = s.effective_fairness()
         self.exclusive = s.group_policy == "exclusive"
@@ -211,6 +211,7 @@ class Queue:
         self.lease_heap: list[tuple[int, int, Lease]] = []
         self.lease_tiebreak = 0
         self.removed: set[int] = set()  # available messages taken out of place (ack-unleased)
+        self.removed_gid: dict[int, int] = {}  # removed ones whose group already stopped counting them
         self.subs: list[Subscription] = []
         self.filtered = 0  # subscriptions with a content filter
         self.skipped: array[int] | list[int] = self.new_skipped()
@@ -1084,11 +1085,13 @@ class Queue:
         self.expired_out.append((seq, reason, m & _D_MASK, name))
         self.expired += 1
 
-    def remove_available(self, seq: int, known_waiting: bool = False) -> bool:
+    def remove_available(self, seq: int, known_waiting: bool = False, gid: int = 0) -> bool:
         """Mark a waiting message removed (it is skipped when reached).
 
         ``known_waiting``: the caller knows ``seq`` waits in this queue, which spares an
-        ordered queue a scan of its heap."""
+        ordered queue a scan of its heap. ``gid``: its group, when the caller knows it
+        (``waiting_gids``): the group stops counting it now, not when it is reached, so
+        ``groups`` and ``zq top`` agree with a purge at once."""
         if seq in self.removed or seq in self.lease_of:
             return False
         if not known_waiting and not self.is_waiting(seq):
@@ -1111,6 +1114,9 @@ class Queue:
                 self.dirty = True
                 return True
         self.removed.add(seq)
+        if gid and gid in self.groups:
+            self.groups[gid].count -= 1
+            self.removed_gid[seq] = gid
         self.depth -= 1
         if seq == self.heap_oldest:
             self.heap_oldest = None
@@ -1134,6 +1140,13 @@ class Queue:
 
     def drop_removed(self, seq: int, gid: int) -> None:
         self.removed.discard(seq)
+        counted = self.removed_gid.pop(seq, 0) if self.removed_gid else 0
+        if counted:  # its group stopped counting it when it was removed
+            self.finish(seq, 0)
+            grp = self.groups.get(counted)
+            if grp is not None:
+                self.maybe_forget_group(grp)
+            return
         self.finish(seq, gid)
 
     def note_event(self, kind: str, consumer: str, seq: int, deliveries: int, reason: str = "") -> None:
@@ -1314,6 +1327,20 @@ class Queue:
             seq = key & SEQ_MASK
             if seq not in removed:
                 yield seq
+
+    def waiting_gids(self) -> dict[int, int]:
+        """Group of every waiting grouped message (for purge and move: one pass, not one
+        search per message)."""
+        out: dict[int, int] = {}
+        if not self.grouped:
+            return out
+        for s, g in zip(self.fifo[self.head:], self.fifo_gid[self.head:]):
+            if g:
+                out[s] = g
+        for g in self.groups.values():
+            for s in g.pending[g.phead:]:
+                out[s] = g.gid
+        return out
 
     def waiting_of_group(self, gid: int) -> list[int]:
         """The waiting messages of one group, oldest first."""

@@ -9,13 +9,27 @@ from __future__ import annotations
 import msgspec
 
 from zq.core import limits
-from zq.core.errors import ConfigError
+from zq.core.errors import ConfigError, LimitError, ProtocolError
 from zq.core.expr import ExprError, compile_filter, compile_value
+from zq.core.regex import PatternError, compile_pattern
 
 SEMANTICS = ("at-least-once", "at-most-once")
 FAIRNESS = ("fast", "round-robin", "proportional")
 GROUP_POLICIES = ("sequenced", "exclusive")
 OVERFLOW_POLICIES = ("reject", "ring", "flow-control")
+
+
+def check_topic(topic: str, what: str = "topic") -> None:
+    if not topic:
+        raise ProtocolError(f"{what} must not be empty")
+    if len(topic) > limits.TOPIC_BYTES_MAX or len(topic.encode()) > limits.TOPIC_BYTES_MAX:
+        raise LimitError(f"{what} longer than {limits.TOPIC_BYTES_MAX} bytes")
+
+
+def check_queue_name(name: str) -> None:
+    """A queue's name becomes a journal key: refuse what LMDB could not store."""
+    check_topic(name, "queue name")
+
 
 
 class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,9 +98,27 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def validate(self) -> "QueueSettings":
         """Raise ConfigError naming the offending key; return self for chaining."""
-        where = f"queue {self.name!r}"
-        if not self.name:
-            raise ConfigError("queue name must not be empty")
+        where = f"queue {self.name[:80]!r}"
+        try:
+            check_queue_name(self.name)
+            for key in ("dead_letter", "publish_to"):
+                if getattr(self, key) is not None:
+                    check_topic(getattr(self, key), key)
+        except (LimitError, ProtocolError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if self.topics is not None:
+            try:
+                compile_pattern(self.topics)
+            except PatternError as exc:
+                raise ConfigError(f"{where}: topics: {exc}") from None
+        if self.group_header is not None and not 0 < len(self.group_header) <= limits.HEADER_BYTES_MAX:
+            raise ConfigError(f"{where}: group_header must be 1..{limits.HEADER_BYTES_MAX} characters")
+        for key in ("lease_ms", "expiration_ms", "dedup_window_ms"):
+            if getattr(self, key) > limits.DURATION_MS_MAX:
+                raise ConfigError(f"{where}: {key.removesuffix('_ms')} longer than 100 years")
+        for key in ("max_depth", "max_bytes", "target_queue_depth", "start_seq"):
+            if not 0 <= getattr(self, key) <= limits.COUNT_MAX:
+                raise ConfigError(f"{where}: {key} must be 0..2**53")
         if self.semantics not in SEMANTICS:
             raise ConfigError(f"{where}: semantics must be one of {SEMANTICS}, got {self.semantics!r}")
         fairness = self.effective_fairness()

@@ -18,6 +18,7 @@ The map is sparse and large; if it still fills, the writer doubles it and retrie
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import struct
@@ -69,8 +70,10 @@ class LmdbJournal:
         self.durability = durability
         self.fsync_interval_ms = fsync_interval_ms
         self.readonly = readonly
+        self.lock_fd: int | None = None
         if not readonly:
             os.makedirs(path, exist_ok=True)
+            self.lock_fd = take_writer_lock(path)
         try:
             self.env = lmdb.open(
                 path,
@@ -84,6 +87,7 @@ class LmdbJournal:
                 max_readers=256,
             )
         except lmdb.Error as exc:
+            self.release_lock()
             raise JournalError(f"cannot open journal at {path}: {exc}") from exc
         self.msgs = self.env.open_db(b"msgs", create=not readonly)
         self.events = self.env.open_db(b"events", create=not readonly)
@@ -190,12 +194,16 @@ class LmdbJournal:
                     txn.delete(rec.queue.encode(), db=self.queues)
                 else:
                     raise AssertionError(f"unknown record {rec!r}")
-            if msgs:
-                with txn.cursor(db=self.msgs) as cur:
-                    cur.putmulti(msgs, append=True)
-            if events:
-                with txn.cursor(db=self.events) as cur:
-                    cur.putmulti(events, append=True)
+            # append=True never overwrites: a bookmark already stored is not added. That
+            # only happens with a second writer (see take_writer_lock); refuse the commit
+            # rather than confirm a message the journal does not hold.
+            for db, rows in ((self.msgs, msgs), (self.events, events)):
+                if rows:
+                    with txn.cursor(db=db) as cur:
+                        _, added = cur.putmulti(rows, append=True)
+                    if added != len(rows):
+                        raise lmdb.KeyExistsError("a bookmark this commit would store is already in the journal "
+                                                  "(another process writing it?)")
         if msgs:  # committed: these are now what the journal holds
             self.recent_before = self.recent
             self.recent = dict(zip(copies, [value for _, value in msgs]))  # copies: seq -> record, in order
@@ -413,4 +421,34 @@ class LmdbJournal:
         if not self.readonly and self.unsynced:
             self.sync()
         self.env.close()
+        self.release_lock()
 
+    def release_lock(self) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # closing the descriptor drops the flock
+            self.lock_fd = None
+
+
+LOCK_FILE = "zq.lock"
+
+
+def take_writer_lock(path: str) -> int:
+    """One writer per journal: an exclusive ``flock`` on ``zq.lock`` in the directory.
+
+    LMDB lets several processes write one environment (its write lock only serialises
+    transactions), so two ``zq serve`` on one directory would each hand out the same
+    bookmarks for different messages. The lock is the kernel's: it ends with the
+    process, however it ends (SIGKILL included), so a crash never leaves a stale lock.
+    """
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        finally:
+            os.close(fd)
+        raise JournalError(f"journal {path} is in use by pid {holder} (one zq serve per data directory)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -84,6 +84,7 @@ def verify(path: str, queues: Iterable[QueueSettings] = ()) -> dict[str, Any]:
                     counts[name] += 1
                     if len(problems) > 100:
                         break
+        problems += check_bookmarks(j)
         state: dict[str, Any] = {}
         try:
             engine = recover_engine(j, list(queues))
@@ -93,6 +94,31 @@ def verify(path: str, queues: Iterable[QueueSettings] = ()) -> dict[str, Any]:
         return {"ok": not problems, "problems": problems[:100], "checked": counts, "queues": state}
     finally:
         j.env.close()
+
+
+def check_bookmarks(j: LmdbJournal, report_max: int = 20) -> list[str]:
+    """What two writers on one journal leave behind: one bookmark used by a message and
+    an event, and events naming bookmarks that hold no message (the message a second
+    writer confirmed and could not store)."""
+    problems: list[str] = []
+    with j.env.begin() as txn:
+        msg_keys = set(txn.cursor(db=j.msgs).iternext(keys=True, values=False))
+        first_msg = min(msg_keys) if msg_keys else None
+        for k, v in txn.cursor(db=j.events):
+            if k in msg_keys:
+                problems.append(f"bookmark {int.from_bytes(k, 'big')} is used by a message and by an event "
+                                "(two processes wrote this journal?)")
+            else:
+                ev = R.event_decoder.decode(v)
+                missing = [b for b in ev.bookmarks
+                           if first_msg is not None and b.to_bytes(8, "big") > first_msg
+                           and b.to_bytes(8, "big") not in msg_keys]
+                if missing:
+                    problems.append(f"event {ev.seq} ({ev.kind}, queue {ev.queue!r}) names bookmarks that hold "
+                                    f"no message: {missing[:5]}")
+            if len(problems) >= report_max:
+                break
+    return problems
 
 
 def message_row(m: R.Message) -> dict[str, Any]:

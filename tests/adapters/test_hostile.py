@@ -1,0 +1,226 @@
+"""What a hostile or careless peer once did to a real `zq serve`, each now a clear error
+while everyone else keeps being served (issue: reliability and security)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import zq
+from zq import wire
+from zq.ranges import decode_messages
+from zq.worker import Worker
+
+from .support import ServerProcess, env, raw_dealer, wait_until
+
+CONFIG = """
+[[queue]]
+name = "fq"
+filter = "kind = 'a'"
+"""
+
+
+@pytest.fixture
+def server(tmp_path):
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text(CONFIG)
+    s = ServerProcess(tmp_path, config=cfg).start()
+    yield s
+    err = s.terminate()
+    assert "Traceback" not in err, err
+
+
+class RawPeer:
+    """A DEALER speaking ZQP/1 frame by frame, as a hostile client would."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = raw_dealer(endpoint)
+        self.req = 100
+        self.sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "hostile")))
+        assert type(self.next()) is wire.Welcome
+
+    def next(self) -> object:
+        while True:
+            msg = wire.server_decoder.decode(self.sock.recv())
+            if type(msg) not in (wire.Heartbeat, wire.End, wire.DeliverRecords):  # not answers
+                return msg
+
+    def ask(self, frame: bytes | object) -> object:
+        self.sock.send(frame if isinstance(frame, bytes) else wire.encode(frame))
+        return self.next()
+
+    def request(self, make) -> object:  # type: ignore[no-untyped-def]
+        self.req += 1
+        return self.ask(make(self.req))
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@pytest.fixture
+def peer(server):
+    p = RawPeer(server.endpoint)
+    yield p
+    p.close()
+
+
+def server_stats(server: ServerProcess) -> dict:
+    with zq.connect(server.endpoint) as c:
+        return c.stats()
+
+
+def test_a_string_that_is_not_utf8_gets_an_error_and_the_server_goes_on(server, peer):
+    for body in (b"\x93\xa5hello\x01\xa2\xff\xfe", b"\x94\xa4peek\x01\xa2\xc3\x28\x05"):
+        err = peer.ask(body)
+        assert type(err) is wire.Error and err.code == "protocol" and "malformed" in err.message
+    assert server_stats(server)["server"]["internal_errors"] == 0
+
+
+def test_a_range_of_a_queue_with_a_content_filter_is_answered(server, peer):
+    with zq.connect(server.endpoint) as c:
+        c.publish("fq", "x", headers={"kind": "a"})
+    answer = peer.request(lambda req: wire.Range(req, "messages", 0, None, "fq"))
+    assert type(answer) is wire.Records, answer
+    assert [m.topic for m in decode_messages(answer.blob)] == ["fq"]  # the queue's topics
+    assert server_stats(server)["queues"]["fq"]["published"] == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda req: wire.Peek(req, "fq", 10, "x = 1e999"),
+    lambda req: wire.Subscribe(req, "s1", "fq", 1, "x = 1e999"),
+    lambda req: wire.QueryCmd(req, "fq", [], [], "x > -1e999"),
+    lambda req: wire.Admin(req, "ack-filter", {"queue": "fq", "filter": "x = 1e999"}),
+])
+def test_a_float_literal_out_of_range_is_refused_where_it_is_written(server, peer, make):
+    err = peer.request(make)
+    assert type(err) is wire.Error and err.code == "bad-expression" and "finite" in err.message
+
+
+def test_a_queue_created_with_an_out_of_range_literal_is_refused_so_no_restart_dies(server, peer):
+    err = peer.request(lambda req: wire.Admin(req, "queue-create", {"name": "inf", "filter": "x = 1e999"}))
+    assert type(err) is wire.Error and "finite" in err.message
+    with zq.connect(server.endpoint) as c:
+        c.publish("inf", "x", headers={"x": "1"})  # the publish that once killed every restart
+    server.terminate()
+    server.start()
+    assert "inf" in server_stats(server)["queues"]  # auto-created, since the bad one never was
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("lease", "99999999999999999999d"),
+    ("lease", "1" * 400 + "d"),
+    ("expiration", "99999999999999999999d"),
+    ("dedup_window", "99999999999999999999d"),
+    ("max_bytes", 2**64 - 1),
+    ("max_bytes", "9" * 30 + "TiB"),
+    ("max_depth", 2**63 - 1),
+    ("target_queue_depth", 2**62),
+])
+def test_durations_and_sizes_beyond_any_use_are_refused_by_queue_create(server, peer, key, value):
+    err = peer.request(lambda req: wire.Admin(req, "queue-create", {"name": "huge", key: value}))
+    assert type(err) is wire.Error and err.code in ("config", "protocol"), err
+    assert "huge" not in server_stats(server)["queues"]
+
+
+def test_names_the_journal_cannot_store_are_refused_before_it_and_no_bystander_is_reset(server, peer, tmp_path):
+    with zq.connect(server.endpoint) as c:
+        c.publish("jobs", "held")
+    with Worker(server.endpoint, "jobs", max_backlog=1) as bystander:
+        held = bystander.get(timeout=10)
+        assert held is not None and held.deliveries == 1
+        bad = [
+            lambda req: wire.Subscribe(req, "s1", "", 1),
+            lambda req: wire.Subscribe(req, "s2", "q" * 600, 1),
+            lambda req: wire.Subscribe(req, "s3", "q" * 2**20, 1),
+            lambda req: wire.Claim(req, "c1", "", 1),
+            lambda req: wire.Admin(req, "move", {"queue": "jobs", "to": "t" * 2**20}),
+            lambda req: wire.Admin(req, "queue-create", {"name": "n" * 600}),
+            lambda req: wire.Admin(req, "queue-create", {"name": "ok", "dead_letter": "d" * 600}),
+            lambda req: wire.Publish(req, "t" * 481, [(b"x", {}, None)]),
+            lambda req: wire.Subscribe(req, "s" * 5000, "jobs", 1),
+        ]
+        for make in bad:
+            err = peer.request(make)
+            assert type(err) is wire.Error and err.code in ("protocol", "limit", "config"), err
+        held.ack()
+        bystander.heartbeat()
+        with zq.connect(server.endpoint) as c:
+            c.publish("jobs", "next")
+        nxt = bystander.get(timeout=10)
+        assert nxt is not None and nxt.data == b"next" and nxt.deliveries == 1
+        nxt.ack()
+        bystander.heartbeat()
+    st = server_stats(server)
+    assert st["queues"]["jobs"]["redelivered"] == 0  # no session was reset, no lease broke
+    assert wait_until(lambda: server_stats(server)["queues"]["jobs"]["acked"] == 2, what="both acks")
+    assert st["server"]["internal_errors"] == 0
+
+
+def test_backtracking_patterns_in_targets_and_topics_cost_one_pass(server, peer):
+    """`^(a+)+$` once held the loop 19 s on one 29-character topic; RE2 makes it one pass."""
+    info = peer.request(lambda req: wire.Replay(req, "r1", "^(a+)+$", 0))
+    assert type(info) is wire.Reply, info
+    answer = peer.request(lambda req: wire.Range(req, "messages", 0, None, "^(a+)+$"))
+    assert type(answer) is wire.Records
+    created = peer.request(lambda req: wire.Admin(req, "queue-create", {"name": "bt", "topics": "^(a+)+$"}))
+    assert type(created) is wire.Reply, created
+    with zq.connect(server.endpoint) as c:
+        c.publish("a" * 28 + "!", "x", timeout=10)
+        c.publish("a" * 480, "y", timeout=10)
+        st = c.stats()
+    assert st["queues"]["bt"]["published"] == 1
+    assert st["server"]["slowest_command"]["ms"] < 1000  # generous: the blow-up took 19,000
+    refused = peer.request(lambda req: wire.Replay(req, "r2", "^(a)\\1$", 0))
+    assert type(refused) is wire.Error and "linear time" in refused.message
+
+
+def test_purge_and_move_by_group_update_every_count_they_touch(server):
+    with zq.connect(server.endpoint) as c:
+        for g in ("X", "X", "Y"):
+            c.publish("gq", f"{g}", group=g)
+        c.create_queue("other")
+        assert c.purge("gq", group="X") == 2
+        groups = {g["group"]: g for g in c.groups("gq")}
+        assert groups.get("X", {"pending": 0})["pending"] == 0
+        assert groups["Y"]["pending"] == 1
+        summary = c.stats()["queues"]["gq"]
+        assert summary["depth"] == 1
+        assert c.move("gq", "other", group="Y") == 1
+        assert all(g["pending"] == 0 for g in c.groups("gq"))
+        assert c.stats()["queues"]["gq"]["depth"] == 0
+    server.terminate()
+    out = subprocess.run([sys.executable, "-m", "zq.cli", "journal", "verify", "--data", str(server.data_dir / "journal")],
+                         env=env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    server.start()
+
+
+def test_a_second_server_on_the_same_data_directory_is_refused_naming_the_holder(server):
+    second = subprocess.run(
+        [sys.executable, "-m", "zq.cli", "serve", "--data", str(server.data_dir / "journal"),
+         "--bind", f"ipc://{server.data_dir}/second.sock"],
+        env=env(), capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert f"in use by pid {server.proc.pid}" in second.stderr, second.stderr
+    with zq.connect(server.endpoint) as c:  # the first goes on
+        assert c.publish("jobs", "still here") >= 1
+
+
+def test_commands_that_once_stalled_the_loop_each_answer_at_once(server, peer):
+    makes = [
+        lambda req: wire.Claim(req, "c1", "jobs", 1, 2**40),
+        lambda req: wire.Replay(req, "r9", "jobs", 0, None, 10**12, False, None, 10**12),
+        lambda req: wire.Peek(req, "jobs", 2**63 - 1, "x LIKE '" + "%" * 200 + "b'"),
+        lambda req: wire.Peek(req, "jobs", 10, "x IN (" + ",".join(map(str, range(2000))) + ")"),
+        lambda req: wire.Bounds(req, 2**63 - 1),
+        lambda req: wire.Range(req, "messages", 2**64 - 1, None, None, 2**64 - 1),
+        lambda req: wire.Admin(req, "groups", {"queue": "jobs", "limit": -(2**63)}),
+    ]
+    with zq.connect(server.endpoint) as c:
+        c.publish("jobs", "x", headers={"x": "a" * 4000})
+    for make in makes:
+        peer.request(make)  # an answer of any kind (some are errors): the loop answered
+    st = server_stats(server)["server"]
+    assert st["internal_errors"] == 0 and st["slowest_command"]["ms"] < 1000
