@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 RETENTION_INTERVAL_MS = 10_000
+JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tried again
+JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is called "disk full"
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 SERVER_NAME = "zq/0.1.0"
@@ -110,7 +113,14 @@ class Server:
         self.started_ms = wall_ms()
         self.next_heartbeat_ms = 0
         self.next_retention_ms = self.started_ms + RETENTION_INTERVAL_MS
-        self.held: list[tuple[bytes, bytes]] = []  # replies waiting for the commit
+        self.held: list[tuple[bytes, bytes, bool]] = []  # replies waiting for the commit (peer, frame, durable)
+        # What waits on a commit: (replies, deliveries) per iteration, kept while commits fail.
+        self.deferred: list[tuple[list[tuple[bytes, bytes, bool]], list]] = []
+        self.urgent_pending = False
+        self.journal_down: str | None = None  # the cause, while commits fail
+        self.journal_down_since = 0
+        self.journal_retry_ms = 0
+        self.journal_failures = 0
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
         self.flow_held: list[tuple[bytes, bytes, list[str]]] = []  # confirmations waiting on full queues
         self.replayer = Replayer(self.journal, lambda: self.engine)
@@ -172,7 +182,9 @@ class Server:
             deadline = min(deadline, d)
         for _, _, due in self.claims.values():
             deadline = min(deadline, due)
-        if self.replayer.busy():
+        if self.journal_down is not None:
+            deadline = min(deadline, self.journal_retry_ms)
+        elif self.replayer.busy():
             return 0
         return max(0, min(deadline - now, 1000))
 
@@ -202,34 +214,57 @@ class Server:
         self.engine.advance(now)
         out = self.engine.drain(now)
         self.journal.append(out.records)
-        try:
-            # Only fsync mode asks whether a commit must reach the disk before sending.
-            urgent = self.config.durability == "fsync" and self.is_urgent(out.records)
-            self.journal.commit(now, urgent=urgent)
-        except JournalError as exc:
-            self.journal_failed(exc)
-            return
-        held, self.held = self.held, []
-        for peer_id, frame in held:
-            self.send(peer_id, frame)
+        # Only fsync mode asks whether a commit must reach the disk before sending.
+        self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
+        self.deferred.append((self.held, out.deliveries))
+        self.held = []
         for notice in self.engine.notices:
             log.warning("%s", notice)
         self.engine.notices.clear()
-        if self.flow_held:
-            self.release_flow_held()
-        for d in out.deliveries:
-            self.deliver(d)
-            claim = self.claims.pop(d.sub_id, None)
-            if claim is not None:  # the claim's answer follows its DELIVER frames
-                self.engine.end_claim(d.sub_id)
-                self.send(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
+        if self.journal_down is None or now >= self.journal_retry_ms:
+            self.commit_and_send(now)
         if self.claims:
             self.end_due_claims(now)
-        self.replayer.pump(self.send)
+        if self.journal_down is None:
+            self.replayer.pump(self.send)
         if now >= self.next_heartbeat_ms:
             self.heartbeat(now)
-        if now >= self.next_retention_ms:
+        if now >= self.next_retention_ms and self.journal_down is None:
             self.retention(now)
+
+    def commit_and_send(self, now: int) -> None:
+        """Commit what is staged; then, and only then, send what waited on it.
+
+        A commit that fails (a full disk) loses nothing: the records stay staged and are
+        committed again every ``JOURNAL_RETRY_MS``; what waits on them (confirmations,
+        deliveries) waits with them; sessions and leases are kept; new publishes are
+        refused with the cause until a commit succeeds, which resumes them by itself."""
+        try:
+            self.journal.commit(now, urgent=self.urgent_pending)
+        except JournalError as exc:
+            self.journal_failed(exc, now)
+            for i, (held, deliveries) in enumerate(self.deferred):  # answers that promise nothing leave now
+                for peer_id, frame, durable in held:
+                    if not durable:
+                        self.send(peer_id, frame)
+                self.deferred[i] = ([h for h in held if h[2]], deliveries)
+            return
+        self.urgent_pending = False
+        if self.journal_down is not None:
+            log.warning("journal writable again after %d ms: publishing resumed", now - self.journal_down_since)
+            self.journal_down = None
+        deferred, self.deferred = self.deferred, []
+        for held, deliveries in deferred:
+            for peer_id, frame, _ in held:
+                self.send(peer_id, frame)
+            if self.flow_held:
+                self.release_flow_held()
+            for d in deliveries:
+                self.deliver(d)
+                claim = self.claims.pop(d.sub_id, None)
+                if claim is not None:  # the claim's answer follows its DELIVER frames
+                    self.engine.end_claim(d.sub_id)
+                    self.send(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
 
     def is_urgent(self, records: list) -> bool:
         """Must this commit reach the disk before anything is sent (durability fsync)?"""
@@ -333,7 +368,7 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))  # type: ignore[attr-defined]
         elif t is wire.Admin:
             result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
-            self.reply(peer_id, wire.Reply(cmd.req, result))  # type: ignore[attr-defined]
+            self.reply(peer_id, wire.Reply(cmd.req, result), durable=True)  # type: ignore[attr-defined]
         elif t is wire.Replay:
             check_sub_id(cmd.sub)  # type: ignore[attr-defined]
             info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
@@ -357,6 +392,8 @@ class Server:
         self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms, self.config.max_message_bytes))
 
     def on_publish(self, peer_id: bytes, cmd: wire.Publish, now: int) -> None:
+        if self.journal_down is not None:  # before the engine: nothing is enqueued that cannot be stored
+            raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
         bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
@@ -367,7 +404,7 @@ class Server:
         if full:  # flow-control: the confirmation waits until those queues drain
             self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
             return
-        self.reply(peer_id, wire.Confirm(cmd.req, bookmarks))
+        self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
 
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
         check_sub_id(cmd.sub)
@@ -457,7 +494,10 @@ class Server:
 
     # ----------------------------------------------------------- sending
 
-    def reply(self, peer_id: bytes, msg: object) -> None:
+    def reply(self, peer_id: bytes, msg: object, durable: bool = False) -> None:
+        """Answer after this iteration's commit. ``durable``: the answer says something
+        was stored (a confirmation, an operator action's result): while commits fail it
+        waits for one; every other answer then leaves at once."""
         try:
             frame = wire.encode(msg)
         except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
@@ -465,7 +505,7 @@ class Server:
             self.internal_errors += 1
             log.error("could not encode %s: %s", type(msg).__name__, exc)
             frame = wire.encode(wire.Error(getattr(msg, "req", 0), INTERNAL, f"answer not encodable: {exc}"))
-        self.held.append((peer_id, frame))
+        self.held.append((peer_id, frame, durable))
 
     def send(self, peer_id: bytes, frame: bytes | zmq.Frame) -> bool:
         try:
@@ -540,28 +580,25 @@ class Server:
         except JournalError as exc:
             log.error("retention failed: %s", exc)
 
-    def journal_failed(self, exc: JournalError) -> None:
-        """A commit failed (disk full...): nothing of this iteration is durable.
+    def journal_failed(self, exc: JournalError, now: int) -> None:
+        """A commit failed: keep everything staged and try again soon (see commit_and_send)."""
+        cause = self.journal_cause(exc)
+        if self.journal_down is None:
+            log.error("%s: publishing paused, retrying every %d ms (%s)", cause, JOURNAL_RETRY_MS, exc)
+            self.journal_down_since = now
+            self.journal_failures += 1
+        self.journal_down = cause
+        self.journal_retry_ms = now + JOURNAL_RETRY_MS
 
-        Publishers get an error instead of a confirmation; the engine is rebuilt from
-        the journal (what is durable is the truth); every session is reset, so clients
-        say HELLO again and resubscribe.
-        """
-        log.error("journal commit failed: %s", exc)
-        self.journal.staged = []
-        held, self.held = self.held, []
-        for peer_id, frame in held:
-            msg = wire.server_decoder.decode(frame)
-            req = getattr(msg, "req", 0)
-            if req:
-                self.send(peer_id, wire.encode(wire.Error(req, JournalError.code, f"not stored: {exc}")))
-        for peer_id in list(self.peers):
-            self.send(peer_id, wire.encode(wire.Error(0, wire.RESET, "the dispatcher reset its sessions; reconnect")))
-        self.peers.clear()
-        self.claims.clear()
-        self.flow_held.clear()  # their publishers resend after the reset
-        self.replayer.replays.clear()
-        self.engine = recover_engine(self.journal, self.config.queues, auto_queues=self.config.auto_queues)
+    def journal_cause(self, exc: JournalError) -> str:
+        """Name the cause an operator can act on: a full disk says so."""
+        try:
+            free = shutil.disk_usage(self.config.data).free
+        except OSError:
+            free = None
+        if free is not None and free < JOURNAL_FULL_BYTES or "No space" in str(exc) or "MDB_MAP_FULL" in str(exc):
+            return f"journal disk full ({self.config.data}: {free if free is not None else '?'} bytes free)"
+        return f"journal not writable ({exc})"
 
     # ----------------------------------------------------------- views
 
@@ -592,6 +629,9 @@ class Server:
             "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
             "slow_commands": self.slow_commands,
             "internal_errors": self.internal_errors,
+            "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
+                        "down_ms": now - self.journal_down_since if self.journal_down else 0,
+                        "failures": self.journal_failures},
             "endpoints": self.endpoints,
             "rates": self.rates(now),
         }

@@ -24,7 +24,8 @@ DELIVER_BATCH_MAX = 256  # messages in one deliver frame
 RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journaled
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
 CLAIM_MAX = 4096  # messages one claim may take
-VIEW_SCAN_MAX = 1_000_000  # messages one peek / query / ack-by-filter reads (bounds a loop stall)
+VIEW_SCAN_MAX = 25_000  # messages one peek / query reads: 2-4 us each, so under 100 ms of loop time
+BULK_SCAN_MAX = 1_000_000  # messages one operator action (purge, move, ack-filter, redrive) takes at most
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX
 assert len(b"rp:") + TOPIC_BYTES_MAX + len(b".dead") <= 511  # LMDB's largest key

@@ -3,7 +3,7 @@ filter, list groups, declare and delete queues at run time.
 
 They live apart from the dispatch path (``engine.py``) because they are rare,
 operator-driven and may touch many messages; each one is bounded by
-``limits.VIEW_SCAN_MAX`` messages and journals what it removed as events, so
+``limits.BULK_SCAN_MAX`` messages and journals what it removed as events, so
 recovery agrees with what the operator saw.
 """
 
@@ -80,7 +80,7 @@ class ManagementMixin:
         if leased:
             seqs = sorted(seqs + list(q.lease_of))
         out = []
-        for seq in seqs[: limits.VIEW_SCAN_MAX]:
+        for seq in seqs[: limits.BULK_SCAN_MAX]:
             if match is None or match(seq):
                 out.append(seq)
         return out

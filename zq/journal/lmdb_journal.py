@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,8 @@ import msgspec
 from zq.core import records as R
 from zq.core.errors import JournalError
 from zq.journal.base import declared_name, resolve_copy
+
+log = logging.getLogger("zq.journal")
 
 _KEY = struct.Struct(">Q")
 DURABILITY_MODES = ("fsync", "batch", "none")
@@ -141,7 +144,11 @@ class LmdbJournal:
         """
         staged, self.staged = self.staged, []
         if staged:
-            self.write(staged)
+            try:
+                self.write(staged)
+            except JournalError:
+                self.staged = staged + self.staged  # nothing is lost: the next commit tries them again
+                raise
             self.unsynced = True
         if not self.unsynced or self.durability == "none":
             return
@@ -416,12 +423,16 @@ class LmdbJournal:
 
     def close(self) -> None:
         self.release_reader()
-        if self.staged:
-            self.commit()
-        if not self.readonly and self.unsynced:
-            self.sync()
-        self.env.close()
-        self.release_lock()
+        try:
+            if self.staged:
+                self.commit()
+            if not self.readonly and self.unsynced:
+                self.sync()
+        except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
+            log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
+        finally:
+            self.env.close()
+            self.release_lock()
 
     def release_lock(self) -> None:
         if self.lock_fd is not None:

@@ -1,0 +1,85 @@
+"""A full disk under a real `zq serve` (a small tmpfs): publishers get a clear error,
+consumers keep their sessions and leases, nothing unconfirmed is confirmed, and
+publishing resumes by itself once space is freed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+import zq
+from zq.core.errors import JournalError
+from zq.worker import Worker
+
+from .support import ServerProcess, wait_until
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_pauses_publishing_with_its_cause_and_resumes_when_space_is_freed(small_fs):
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (4 * 2**20))  # leave ~2 MiB for the journal
+    server = ServerProcess(small_fs).start()
+    c = zq.connect(server.endpoint)
+    try:
+        with Worker(server.endpoint, "jobs", max_backlog=2) as w:
+            c.publish("jobs", "held")
+            held = w.get(timeout=10)
+            assert held is not None and held.deliveries == 1
+            confirmed: list[int] = [held.bookmark]
+            error = None
+            for _ in range(2000):  # bounded: 2 MiB fills in a few hundred
+                try:
+                    confirmed += c.publish_many("jobs", [b"x" * 4000] * 20, timeout=3)
+                except (JournalError, TimeoutError) as exc:
+                    error = exc
+                    if isinstance(exc, JournalError):
+                        break
+                w.heartbeat()
+            assert error is not None, "the disk never filled"
+            with pytest.raises(JournalError, match="journal disk full"):
+                c.publish("jobs", "while full", timeout=5)
+            w.heartbeat()
+            st = c.stats()
+            assert st["server"]["journal"]["writable"] is False
+            assert "disk full" in st["server"]["journal"]["cause"]
+            held.ack()  # the consumer's session and lease outlived the full disk
+            w.heartbeat()
+            os.unlink(filler)
+            resumed = wait_until(lambda: _try_publish(c, w), timeout=20, what="publishing to resume by itself")
+            confirmed.append(resumed)
+            seen = {held.bookmark}
+            deadline = time.monotonic() + 60
+            while not set(confirmed) <= seen and time.monotonic() < deadline:
+                for m in w.get_many(64, timeout=1.0):
+                    seen.add(m.bookmark)
+                    m.ack()
+            missing = set(confirmed) - seen
+            assert not missing, f"{len(missing)} confirmed messages never delivered"
+        st = c.stats()
+        assert st["server"]["journal"]["writable"] is True
+        assert st["queues"]["jobs"]["redelivered"] == 0  # no session was reset on the way
+    finally:
+        c.close()
+        err = server.terminate()
+    assert "Traceback" not in err, err[-3000:]
+
+
+def _try_publish(c, w) -> int | None:  # type: ignore[no-untyped-def]
+    w.heartbeat()
+    try:
+        return c.publish("jobs", "resumed", timeout=2)
+    except JournalError:
+        return None
