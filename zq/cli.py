@@ -28,6 +28,35 @@ app = typer.Typer(
     add_completion=False,
 )
 
+@app.callback()
+def keys(
+    key: Optional[str] = typer.Option(None, "--key", help="your secret key file (NAME.key_secret) for a dispatcher "
+                                      "with [security] [env ZQ_KEY]"),
+    server_key: Optional[str] = typer.Option(None, "--server-key", help="the dispatcher's public key file (or z85 "
+                                             "key) [env ZQ_SERVER_KEY]"),
+) -> None:
+    """CurveZMQ keys for every client command (they read ZQ_KEY / ZQ_SERVER_KEY)."""
+    if key:
+        os.environ["ZQ_KEY"] = key
+    if server_key:
+        os.environ["ZQ_SERVER_KEY"] = server_key
+
+
+@app.command()
+def keygen(
+    name: str = typer.Argument(..., help="the key's name: writes NAME.key (public) and NAME.key_secret"),
+    directory: str = typer.Option(".", "--dir", help="where to write them"),
+) -> None:
+    """Write a CurveZMQ key pair in ZeroMQ's certificate format.
+
+    Give the server its NAME.key_secret ([security] secret_key) and each client its own;
+    put the clients' NAME.key files in the server's allowlist directory ([security] allow)."""
+    from zq.security import keygen as make_keys
+
+    public, secret = make_keys(directory, name)
+    typer.echo(f"public key: {public}\nsecret key: {secret} (keep it private)")
+
+
 def load_config(config: str | None, data: str | None, bind: list[str] | None, durability: str | None) -> Config:
     try:
         cfg = Config.load(config) if config else Config()
@@ -65,6 +94,7 @@ def serve(
         raise fail(str(exc)) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
+    signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
     queues = ", ".join(server.engine.queues) or "none yet (auto-created on first use)"
     typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}", err=True)
     if server.metrics is not None:

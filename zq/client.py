@@ -40,6 +40,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError, ZqError
 from zq.core.settings import check_topic
+from zq.security import apply_client_curve, client_curve
 
 log = logging.getLogger("zq.client")
 
@@ -377,7 +378,12 @@ class Client:
         heartbeat_ms: int = 1000,
         liveness: int = 3,
         window: int = 16 * 64,
+        key: Any = None,
+        server_key: Any = None,
     ) -> None:
+        """``key`` / ``server_key``: CurveZMQ keys for a dispatcher with ``[security]``
+        (see ``zq.security.client_curve``; default ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``)."""
+        self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         where = f"{socket.gethostname()}:{os.getpid()}"
         self.name = f"{where} {name}" if name else where  # operators see both (zq top, stats)
@@ -765,7 +771,7 @@ class Client:
 
     def _open_socket(self) -> zmq.Socket:
         self.generation += 1
-        return open_session_socket(self.ctx, self.endpoint, self.name)
+        return open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
 
     def _serve(self, sock: zmq.Socket) -> bool:
         """Run one session; True if the server was lost (reconnect), False on close."""
@@ -1016,9 +1022,12 @@ def _chunks(items: list) -> Iterator[list]:
         yield chunk
 
 
-def open_session_socket(ctx: zmq.Context, endpoint: str, name: str) -> zmq.Socket:
-    """A DEALER to the dispatcher with HELLO sent: the start of every session."""
+def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
+                        curve: tuple[bytes, bytes, bytes] | None = None) -> zmq.Socket:
+    """A DEALER to the dispatcher with HELLO sent: the start of every session.
+    ``curve``: CurveZMQ keys (``zq.security.client_curve``), or None for plaintext."""
     sock = ctx.socket(zmq.DEALER)
+    apply_client_curve(sock, curve)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(endpoint)

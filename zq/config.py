@@ -16,6 +16,7 @@ from zq.core import limits
 from zq.core.errors import ConfigError
 from zq.core.regex import PatternError, compile_pattern
 from zq.core.settings import QueueSettings
+from zq.security import SecuritySection, check_section
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7780"
 DEFAULT_DATA = "./zq-data"
@@ -68,6 +69,8 @@ class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     retention: str = "7d"
     max_message_size: str = "16MiB"
     metrics: str | None = None
+    max_connections: int = limits.CONNECTIONS_DEFAULT  # sessions (HELLO) at once
+    max_subscriptions_per_connection: int = limits.SUBSCRIPTIONS_PER_CONNECTION_DEFAULT  # incl. claims and replays
 
 
 class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -104,6 +107,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     queue: list[QueueSection] = msgspec.field(default_factory=list)
+    security: SecuritySection | None = None
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -119,7 +123,10 @@ class Config(msgspec.Struct, kw_only=True):
     retention_ms: int = 7 * 86_400_000
     max_message_bytes: int = limits.MESSAGE_BYTES_MAX
     metrics: str | None = None
+    max_connections: int = limits.CONNECTIONS_DEFAULT
+    max_subscriptions_per_connection: int = limits.SUBSCRIPTIONS_PER_CONNECTION_DEFAULT
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
+    security: SecuritySection | None = None  # CurveZMQ (zq.security); None: plaintext, loopback advised
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
@@ -133,6 +140,7 @@ class Config(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> "Config":
+        base = Path(source).parent if source != "config" else Path.cwd()  # relative key paths start here
         try:
             fc = msgspec.convert(raw, FileConfig)
         except msgspec.ValidationError as exc:
@@ -153,7 +161,10 @@ class Config(msgspec.Struct, kw_only=True):
             retention_ms=duration_ms(s.retention, "server.retention"),
             max_message_bytes=size_bytes(s.max_message_size, "server.max_message_size"),
             metrics=s.metrics,
+            max_connections=s.max_connections,
+            max_subscriptions_per_connection=s.max_subscriptions_per_connection,
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
+            security=check_section(fc.security, base) if fc.security is not None else None,
         )
         names = [q.name for q in cfg.queues]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -161,6 +172,10 @@ class Config(msgspec.Struct, kw_only=True):
             raise ConfigError(f"{source}: queue names must be unique, repeated: {dupes}")
         if cfg.heartbeat_ms <= 0 or cfg.heartbeat_liveness < 2:
             raise ConfigError(f"{source}: server.heartbeat must be positive and heartbeat_liveness at least 2")
+        if not 1 <= cfg.max_connections <= limits.CONNECTIONS_MAX:
+            raise ConfigError(f"{source}: server.max_connections must be 1..{limits.CONNECTIONS_MAX}")
+        if not 1 <= cfg.max_subscriptions_per_connection <= limits.SUBSCRIPTIONS_MAX:
+            raise ConfigError(f"{source}: server.max_subscriptions_per_connection must be 1..{limits.SUBSCRIPTIONS_MAX}")
         if not 0 < cfg.max_message_bytes <= limits.MESSAGE_BYTES_MAX:
             raise ConfigError(f"{source}: server.max_message_size must be 1B..{limits.MESSAGE_BYTES_MAX}B")
         return cfg

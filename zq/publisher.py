@@ -31,6 +31,7 @@ from zq.client import ConnectionLost, _chunks, _item, check_endpoint, error_from
 from zq.core import limits
 from zq.core.errors import LimitError
 from zq.core.settings import check_topic
+from zq.security import client_curve
 
 __all__ = ["Publisher"]
 
@@ -43,8 +44,10 @@ class Publisher:
     """
 
     def __init__(self, endpoint: str, *, name: str | None = None, context: zmq.Context | None = None,
-                 connect_timeout: float = 10.0, window: int = 16) -> None:
+                 connect_timeout: float = 10.0, window: int = 16, key: object = None,
+                 server_key: object = None) -> None:
         check_endpoint(endpoint)
+        self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
         where = f"{socket.gethostname()}:{os.getpid()}"
@@ -160,7 +163,7 @@ class Publisher:
         if self._sock is not None:
             self._poller.unregister(self._sock)
             self._sock.close(0)
-        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name)
+        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
         self._poller.register(sock, zmq.POLLIN)
         self.generation += 1
         self._last_sent = time.monotonic()

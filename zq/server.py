@@ -22,6 +22,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import zmq
@@ -36,6 +37,8 @@ from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq import admin
 from zq.ranges import RangeReader
+from zq.security import NotEntitledError, Rights, Security
+from zq.security import check as check_rights
 from zq.replay import Replayer
 
 log = logging.getLogger("zq.server")
@@ -56,6 +59,27 @@ SERVER_NAME = "zq/0.1.0"
 INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
 
 
+# Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
+ENTITLEMENT_OF: dict[type, tuple[str, str]] = {
+    wire.Publish: ("publish", "topic"),
+    wire.Subscribe: ("consume", "queue"),
+    wire.Claim: ("claim", "queue"),
+    wire.Peek: ("browse", "queue"),
+    wire.QueryCmd: ("browse", "queue"),
+    wire.Replay: ("browse", "target"),
+    wire.Range: ("browse", "target"),
+    wire.Admin: ("admin", "op"),
+}
+
+
+def is_local(endpoint: str) -> bool:
+    """Does this endpoint accept connections from this host only?"""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
 def check_sub_id(sub: str) -> None:
     if not sub or len(sub) > limits.NAME_BYTES_MAX or len(sub.encode()) > limits.NAME_BYTES_MAX:
         raise ProtocolError(f"a subscription id must be 1..{limits.NAME_BYTES_MAX} bytes")
@@ -72,6 +96,7 @@ class Peer:
     last_heard_ms: int
     subs: set[str] = field(default_factory=set)  # client sub ids
     published: int = 0
+    rights: Rights | None = None  # with security on: what this client's key may do
 
     @property
     def consumer(self) -> str:
@@ -94,6 +119,11 @@ class Server:
         # Frames up to twice the message limit are read and refused with an error
         # naming the limit; only absurd ones are cut off by libzmq (connection closed).
         self.sock.setsockopt(zmq.MAXMSGSIZE, max(limits.FRAME_BYTES_MAX, 2 * config.max_message_bytes))
+        self.security: Security | None = None
+        if config.security is not None:
+            self.security = Security(config.security, self.ctx)
+            self.security_monitor = self.security.apply(self.sock)
+        self.reload_requested = False  # SIGHUP: read the allowlist again
         self.endpoints: list[str] = []
         try:
             for ep in config.bind:
@@ -102,7 +132,14 @@ class Server:
         except zmq.ZMQError as exc:
             self.sock.close(0)
             self.journal.close()
+            if self.security is not None:
+                self.security.close()
             raise ZqError(f"cannot bind {ep}: {exc}") from None
+        if self.security is None:
+            for ep in self.endpoints:
+                if not is_local(ep):
+                    log.warning("serving WITHOUT authentication on %s: anyone who reaches it may publish, consume "
+                                "and administer (add a [security] block to zq.toml)", ep)
         self.peers: dict[bytes, Peer] = {}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -126,6 +163,8 @@ class Server:
         self.replayer = Replayer(self.journal, lambda: self.engine)
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
+        if self.security is not None:
+            self.poller.register(self.security_monitor, zmq.POLLIN)
         self.frames_in = 0
         self.frames_out = 0
         # The watchdog: what held the loop longest, and failures the safety net caught
@@ -134,6 +173,7 @@ class Server:
         self.slowest_command: tuple[float, str] = (0.0, "")
         self.slow_commands = 0
         self.internal_errors = 0
+        self.pending_rights: Rights | None = None  # the key's rights, from the HELLO frame being handled
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -148,6 +188,15 @@ class Server:
     def stop(self) -> None:
         """Ask the loop to finish (thread- and signal-safe)."""
         self.stopping.set()
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
+    def request_reload(self) -> None:
+        """SIGHUP: read the allowlist again at the next heartbeat (signal-safe)."""
+        self.reload_requested = True
+        self.next_heartbeat_ms = 0
         try:
             os.write(self.wake_w, b"x")
         except OSError:
@@ -168,6 +217,8 @@ class Server:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.sock.close(linger=500)
+        if self.security is not None:
+            self.security.close()
         self.ranges.close()  # before the journal: the reader thread uses it
         self.journal.close()
         os.close(self.wake_r)
@@ -208,6 +259,8 @@ class Server:
 
     def serve_once(self, now: int) -> None:
         """One iteration after the poll: read, step the engine, commit, send."""
+        if self.security is not None:
+            self.security.count_refusals()
         self.receive_all(now)
         for peer_id, frame in self.ranges.answers():
             self.send(peer_id, frame)
@@ -288,7 +341,14 @@ class Server:
                 peer_id = sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
-            body = sock.recv() if sock.getsockopt(_RCVMORE) else b""
+            user = None
+            if not sock.getsockopt(_RCVMORE):
+                body = b""
+            elif self.security is not None and peer_id not in self.peers:
+                frame = sock.recv(copy=False)  # a new session: its key (ZAP's User-Id) is in the frame's metadata
+                body, user = frame.bytes, frame.get("User-Id")
+            else:
+                body = sock.recv()
             extra = 0
             while sock.getsockopt(_RCVMORE):
                 sock.recv()
@@ -297,9 +357,9 @@ class Server:
             if extra:
                 self.reply(peer_id, wire.Error(0, ProtocolError.code, f"expected one body frame, got {extra + 1}"))
                 continue
-            self.receive(peer_id, body, now)
+            self.receive(peer_id, body, now, user)
 
-    def receive(self, peer_id: bytes, body: bytes, now: int) -> None:
+    def receive(self, peer_id: bytes, body: bytes, now: int, user: str | None = None) -> None:
         try:
             cmd = wire.client_decoder.decode(body)
         except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
@@ -317,6 +377,8 @@ class Server:
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
+            if self.security is not None:
+                self.entitled(peer, cmd, user)
             self.dispatch_command(peer_id, peer, cmd, now)
         except ZqError as exc:
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
@@ -331,6 +393,22 @@ class Server:
             log.warning("%s from %s held the loop %.0f ms", type(cmd).__name__, peer_id.hex(), took_ms)
         if took_ms > self.slowest_command[0]:
             self.slowest_command = (took_ms, type(cmd).__name__)
+
+    def entitled(self, peer: Peer | None, cmd: Any, user: str | None) -> None:
+        """With security on: may this client's key make this request? (Raises if not.)"""
+        assert self.security is not None
+        t = type(cmd)
+        if t is wire.Hello:  # a second HELLO on a connection keeps the key it has
+            known = peer.rights if peer is not None and user is None else None
+            self.pending_rights = known or self.security.rights_of(user)
+            return
+        rights = peer.rights if peer is not None else None
+        if rights is None:
+            raise NotEntitledError("no entitlements for this connection")
+        kind_name = ENTITLEMENT_OF.get(t)
+        if kind_name is not None:
+            kind, field_name = kind_name
+            check_rights(rights, kind, getattr(cmd, field_name) or "*")
 
     def dispatch_command(self, peer_id: bytes, peer: Peer | None, cmd: object, now: int) -> None:
         t = type(cmd)
@@ -388,7 +466,11 @@ class Server:
             raise ProtocolError(f"protocol version {cmd.version} not supported (server speaks {wire.PROTOCOL_VERSION})")
         if peer_id in self.peers:
             self.drop_peer(peer_id, now)  # a second HELLO restarts the session
+        elif len(self.peers) >= self.config.max_connections:
+            raise LimitError(f"too many connections (server.max_connections = {self.config.max_connections})")
         self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
+        if self.security is not None:
+            self.peers[peer_id].rights = self.pending_rights
         self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms, self.config.max_message_bytes))
 
     def on_publish(self, peer_id: bytes, cmd: wire.Publish, now: int) -> None:
@@ -406,8 +488,14 @@ class Server:
             return
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
 
+    def check_room(self, peer: Peer) -> None:
+        if len(peer.subs) >= self.config.max_subscriptions_per_connection:
+            raise LimitError("too many subscriptions on this connection "
+                             f"(server.max_subscriptions_per_connection = {self.config.max_subscriptions_per_connection})")
+
     def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
         check_sub_id(cmd.sub)
+        self.check_room(peer)
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
         backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
@@ -417,6 +505,8 @@ class Server:
 
     def on_claim(self, peer: Peer, cmd: wire.Claim, now: int) -> None:
         check_sub_id(cmd.sub)
+        if cmd.sub not in peer.subs:
+            self.check_room(peer)
         key = self.sub_key(peer, cmd.sub)
         if key in self.claims:
             raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
@@ -549,6 +639,12 @@ class Server:
 
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
+        if self.security is not None:
+            if self.reload_requested:
+                self.reload_requested = False
+                self.security.reload()
+            else:
+                self.security.reload_if_changed()
         self.samples.append((now, self.totals()))
         if self.metrics is not None:
             self.snapshot = self.stats(now)  # read by the metrics thread; replaced, never mutated
@@ -629,6 +725,7 @@ class Server:
             "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
             "slow_commands": self.slow_commands,
             "internal_errors": self.internal_errors,
+            "security": self.security.stats() if self.security is not None else {"on": False},
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
                         "down_ms": now - self.journal_down_since if self.journal_down else 0,
                         "failures": self.journal_failures},

@@ -240,12 +240,15 @@ def topic_mask(topics: pa.Array, target: str) -> pa.Array:
 
 
 def to_int(text: str | None) -> int | None:
+    """A header as the int64 column holds it: NULL when missing, not a number, or out
+    of int64's range (a publisher may write any string; one must not fail the job)."""
     if text is None:
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         return None
+    return value if -(1 << 63) <= value < 1 << 63 else None
 
 
 def messages_batch(blob: bytes | memoryview, sizes: bytes, group_header: str = "group") -> pa.RecordBatch:

@@ -41,6 +41,7 @@ import zmq
 from zq import wire
 from zq.client import (EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, check_endpoint, error_from,
                        open_session_socket, send_settles)
+from zq.security import client_curve
 
 log = logging.getLogger("zq.worker")
 
@@ -63,8 +64,11 @@ class Worker(MessageStream):
         context: zmq.Context | None = None,
         connect_timeout: float = 10.0,
         liveness: int = 3,
+        key: object = None,
+        server_key: object = None,
     ) -> None:
         check_endpoint(endpoint)
+        self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self.queue = queue
         self.max_backlog = max_backlog
@@ -181,7 +185,7 @@ class Worker(MessageStream):
     def _open_session(self) -> None:
         if self._sock is not None:
             self._sock.close(0)
-        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name)
+        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
         self._poller = zmq.Poller()  # one per session, kept: Socket.poll builds a Poller per call
         self._poller.register(sock, zmq.POLLIN)
         self.generation += 1

@@ -224,3 +224,48 @@ def test_commands_that_once_stalled_the_loop_each_answer_at_once(server, peer):
         peer.request(make)  # an answer of any kind (some are errors): the loop answered
     st = server_stats(server)["server"]
     assert st["internal_errors"] == 0 and st["slowest_command"]["ms"] < 1000
+
+
+def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp_path):
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text("[server]\nmax_connections = 3\nmax_subscriptions_per_connection = 2\n")
+    server = ServerProcess(tmp_path, config=cfg).start()
+    peers = []
+    try:
+        peers = [RawPeer(server.endpoint) for _ in range(3)]
+        extra = raw_dealer(server.endpoint)
+        extra.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "one too many")))
+        err = wire.server_decoder.decode(extra.recv())
+        extra.close(0)
+        assert type(err) is wire.Error and err.code == "limit" and "max_connections" in err.message
+        p = peers[0]
+        for sub in ("a", "b"):
+            assert type(p.request(lambda req, s=sub: wire.Subscribe(req, s, "jobs", 1))) is wire.Subscribed
+        err = p.request(lambda req: wire.Subscribe(req, "c", "jobs", 1))
+        assert type(err) is wire.Error and "max_subscriptions_per_connection" in err.message
+        err = p.request(lambda req: wire.Claim(req, "c2", "jobs", 1))
+        assert type(err) is wire.Error and "max_subscriptions_per_connection" in err.message
+    finally:
+        for p in peers:
+            p.close()
+        server.terminate()
+
+
+@pytest.mark.parametrize(("toml", "words"), [
+    ("[server]\nmax_connections = 0\n", "server.max_connections"),
+    ("[server]\nmax_subscriptions_per_connection = 99999999999\n", "max_subscriptions_per_connection"),
+    ("[security]\nsecret_key = 'missing.key_secret'\nallow = '.'\n", "security.secret_key"),
+    ("[security]\nallow = '.'\n", "secret_key"),
+    ("[security]\nsecret_key = 'x'\nallow = '.'\nnope = 1\n", "nope"),
+    ("[[queue]]\nname = 'q'\nlease = '" + "9" * 400 + "d'\n", "100 years"),
+    ("[[queue]]\nname = '" + "n" * 481 + "'\n", "longer than 480"),
+    ("[[queue]]\nname = 'q'\ntopics = '^(a)\\1$'\n", "linear time"),
+])
+def test_bad_config_keys_are_refused_naming_the_key(tmp_path, toml, words):
+    from zq.config import Config
+    from zq.core.errors import ConfigError
+
+    path = tmp_path / "zq.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=words):
+        Config.load(path)

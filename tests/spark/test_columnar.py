@@ -71,9 +71,11 @@ def test_headers_group_priority_and_dead_letter_copies():
         msg(7),
         msg(8, headers={"priority": ""}), msg(9, headers={"priority": "+3"}), msg(10, headers={"priority": "007"}),
         msg(11, headers={"priority": "1_000"}), msg(12, headers={"priority": "-0"}),
+        msg(13, headers={"priority": str(2**63)}), msg(14, headers={"priority": str(-(2**63))}),  # int64's edges
     ]
     batch = check(rows)
-    assert batch.column("priority").to_pylist() == [7, 12, None, None, None, None, None, None, 3, 7, 1000, 0]
+    assert batch.column("priority").to_pylist() == [7, 12, None, None, None, None, None, None, 3, 7, 1000, 0,
+                                                    None, -(2**63)]
     assert batch.column("group").to_pylist()[:3] == ["g1", None, "ünï"]
     check(rows, group_header="h3")
 

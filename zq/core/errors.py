@@ -41,6 +41,12 @@ class NotSupportedError(ZqError):
     code = "not-supported"
 
 
+class NotEntitledError(ZqError):
+    """With security on: this client's key may not make this request (``zq.security``)."""
+
+    code = "not-entitled"
+
+
 class ConfigError(ZqError):
     code = "config"
 

@@ -1,0 +1,230 @@
+"""CurveZMQ for zq: who may connect, and what each client key may do.
+
+Theory of operation
+-------------------
+With a ``[security]`` block the dispatcher's ROUTER is a CURVE server: every
+connection is encrypted, and a ZAP handler (pyzmq's ``zmq.auth``, on its own thread)
+admits a client only if its public key is in the allowlist, a directory of public
+certificates as ``zq keygen`` writes them. A plaintext client, or one whose key is not
+listed, never completes the handshake: it gets nothing, not even STATS. Each refusal is
+counted (STATS ``server.security.refused``) and logged. The allowlist is read again
+when the directory changes (checked every heartbeat) or on SIGHUP.
+
+ZAP hands the dispatcher the client's key as the connection's User-Id; HELLO binds the
+session to it, and every later command is checked against that key's entitlements:
+topics it may publish to, queues it may consume, browse (peek, query, replay, range)
+or claim from, and operator actions it may run, each a list of glob patterns. A key
+with no ``[[security.client]]`` entry gets ``[security.default]`` (everything, unless
+narrowed), so the allowlist alone is a working setup. Settles need no entitlement: a
+connection can only settle what was leased to its own subscriptions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
+from zq.core.errors import ConfigError, NotEntitledError
+
+log = logging.getLogger("zq.security")
+
+ZAP_DOMAIN = "zq"
+ALL = ["*"]
+
+
+class Rights(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What one client key may do: glob patterns per kind of request."""
+
+    publish: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # topics
+    consume: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # queues (SUB)
+    browse: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # queues / topics (peek, query, replay, range)
+    claim: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # queues
+    admin: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # operation names (purge, move, ...)
+
+    def allows(self, kind: str, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in getattr(self, kind))
+
+
+class ClientSection(Rights, kw_only=True):
+    key: str  # the client's public key (z85, 40 characters) or its public certificate file
+    name: str = ""
+
+
+class SecuritySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    secret_key: str  # the server's secret certificate (``zq keygen server`` writes server.key_secret)
+    allow: str  # directory of allowed clients' public certificates (*.key)
+    default: Rights = msgspec.field(default_factory=Rights)
+    client: list[ClientSection] = msgspec.field(default_factory=list)
+
+
+def public_key_of(text: str, where: str) -> bytes:
+    """A z85 public key, given as itself or as a certificate file."""
+    if len(text) == 40 and not os.path.exists(text):
+        return text.encode()
+    try:
+        public, _ = zmq.auth.load_certificate(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot read a public key from {text!r}: {exc}") from None
+    return public
+
+
+def check_section(sec: SecuritySection, base: Path) -> SecuritySection:
+    """Resolve paths against the config file's directory and check them now, at start."""
+    secret = str((base / sec.secret_key).resolve())
+    allow = str((base / sec.allow).resolve())
+    try:
+        public, secret_key = zmq.auth.load_certificate(secret)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"security.secret_key: cannot read {secret}: {exc}") from None
+    if not secret_key:
+        raise ConfigError(f"security.secret_key: {secret} holds no secret key (use the .key_secret file)")
+    if not os.path.isdir(allow):
+        raise ConfigError(f"security.allow: {allow} is not a directory of public certificates")
+    clients = []
+    for i, c in enumerate(sec.client):
+        key = c.key if len(c.key) == 40 else str((base / c.key).resolve())
+        public_key_of(key, f"security.client[{i}].key")
+        clients.append(msgspec.structs.replace(c, key=key))
+    return msgspec.structs.replace(sec, secret_key=secret, allow=allow, client=clients)
+
+
+class _LoggingAuthenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler, logging why it refuses a key."""
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        if status_code != b"200":
+            log.warning("refused a client key: %s", status_text.decode(errors="replace"))
+        super()._send_zap_reply(request_id, status_code, status_text, user_id)
+
+
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class Security:
+    """The server side: CURVE on the ROUTER, the ZAP thread, entitlements per key."""
+
+    def __init__(self, section: SecuritySection, ctx: zmq.Context) -> None:
+        self.section = section
+        self.public, self.secret = zmq.auth.load_certificate(section.secret_key)
+        self.rules: dict[bytes, Rights] = {public_key_of(c.key, "security.client"): c for c in section.client}
+        self.auth = _LoggingAuthenticator(ctx)
+        self.auth.start()
+        self.refused = 0  # handshakes that failed: plaintext peers, unknown keys, bad CURVE
+        self.monitor: zmq.Socket | None = None
+        self.allow_stamp: tuple = ()
+        self.reload()
+
+    def apply(self, sock: zmq.Socket) -> zmq.Socket:
+        """Make ``sock`` a CURVE server; returns the monitor socket the loop polls."""
+        sock.curve_server = True
+        sock.curve_secretkey = self.secret
+        sock.curve_publickey = self.public
+        sock.zap_domain = ZAP_DOMAIN.encode()
+        self.monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
+        return self.monitor
+
+    def count_refusals(self) -> None:
+        """Count (and log) the handshakes the ROUTER refused since the last call."""
+        if self.monitor is None:
+            return
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            self.refused += 1
+            kind = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "unknown or refused key",
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error (a plaintext client?)"}.get(
+                        event["event"], "handshake failed (a plaintext client?)")
+            log.warning("refused a connection: %s", kind)
+
+    def stamp(self) -> tuple:
+        d = self.section.allow
+        try:
+            return tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(d)))
+        except OSError:
+            return ()
+
+    def reload(self) -> None:
+        """Read the allowlist again (also on SIGHUP)."""
+        self.allow_stamp = self.stamp()
+        self.auth.configure_curve(domain=ZAP_DOMAIN, location=self.section.allow)
+        log.info("allowlist %s: %d keys", self.section.allow, len(self.auth.certs.get(ZAP_DOMAIN, {})))
+
+    def reload_if_changed(self) -> None:
+        if self.stamp() != self.allow_stamp:
+            self.reload()
+
+    def rights_of(self, user_id: str | None) -> Rights:
+        if not user_id:
+            return Rights(publish=[], consume=[], browse=[], claim=[], admin=[])  # no key: nothing
+        return self.rules.get(user_id.encode(), self.section.default)
+
+    def stats(self) -> dict[str, Any]:
+        return {"on": True, "refused": self.refused, "allowed_keys": len(self.auth.certs.get(ZAP_DOMAIN, {})),
+                "server_key": self.public.decode()}
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close(0)
+        self.auth.stop()
+
+
+def check(rights: Rights, kind: str, name: str) -> None:
+    if not rights.allows(kind, name):
+        raise NotEntitledError(f"this client's key may not {kind} {name[:80]!r}")
+
+
+# ---------------------------------------------------------------- client side
+
+
+def client_curve(key: Any = None, server_key: Any = None) -> tuple[bytes, bytes, bytes] | None:
+    """(public, secret, server public) for a client socket, or None for plaintext.
+
+    ``key``: the client's secret certificate file (``NAME.key_secret``) or a
+    (public, secret) pair; ``server_key``: the server's public certificate file or its
+    z85 key. Each defaults to ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``."""
+    key = key if key is not None else os.environ.get("ZQ_KEY") or None
+    server_key = server_key if server_key is not None else os.environ.get("ZQ_SERVER_KEY") or None
+    if key is None and server_key is None:
+        return None
+    if key is None or server_key is None:
+        raise ValueError("CurveZMQ needs both key= (your .key_secret) and server_key= (the server's public key)")
+    if isinstance(key, (tuple, list)):
+        public, secret = (k.encode() if isinstance(k, str) else k for k in key)
+    else:
+        try:
+            public, secret = zmq.auth.load_certificate(str(key))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the client key {key!r}: {exc}") from None
+        if not secret:
+            raise ValueError(f"{key!r} holds no secret key: pass the .key_secret file")
+    if isinstance(server_key, bytes) and len(server_key) == 40:
+        server_public = server_key
+    else:
+        try:
+            server_public = public_key_of(str(server_key), "server_key")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return public, secret, server_public
+
+
+def apply_client_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+
+
+def keygen(directory: str, name: str) -> tuple[str, str]:
+    """Write NAME.key (public, to share) and NAME.key_secret (keep) in ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(directory, name)
+    os.chmod(secret, 0o600)
+    return public, secret
