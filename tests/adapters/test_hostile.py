@@ -269,3 +269,26 @@ def test_bad_config_keys_are_refused_naming_the_key(tmp_path, toml, words):
     path.write_text(toml)
     with pytest.raises(ConfigError, match=words):
         Config.load(path)
+
+
+def test_a_client_can_settle_only_what_was_leased_to_its_own_subscriptions(server, peer):
+    """Subscription ids are per connection: another connection naming the same id, or
+    acking the bookmark on its own subscription, touches nothing of the owner's."""
+    with zq.connect(server.endpoint) as c:
+        c.publish("owned", "x")
+    with Worker(server.endpoint, "owned", max_backlog=1) as owner:
+        m = owner.get(timeout=10)
+        assert m is not None
+        assert type(peer.request(lambda req: wire.Subscribe(req, owner.sub_id, "owned", 1))) is wire.Subscribed
+        for op in (wire.Ack, wire.Cancel, wire.Expire):
+            refused = peer.ask(op(owner.sub_id, [m.bookmark]))
+            assert type(refused) is wire.Refused and refused.reason == "not-leased", refused
+        refused = peer.ask(wire.Extend(owner.sub_id, [m.bookmark], 1000))
+        assert type(refused) is wire.Refused and refused.reason == "not-leased"
+        refused = peer.ask(wire.Ack("never-opened", [m.bookmark]))
+        assert type(refused) is wire.Refused and refused.reason == "unknown-subscription"
+        st = server_stats(server)["queues"]["owned"]
+        assert (st["leased"], st["acked"], st["cancelled"]) == (1, 0, 0)
+        m.ack()
+        owner.heartbeat()
+    wait_until(lambda: server_stats(server)["queues"]["owned"]["acked"] == 1, what="the owner's ack")
