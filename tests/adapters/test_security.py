@@ -60,11 +60,13 @@ def secured(tmp_path_factory):
     server.proc = subprocess.Popen(
         [sys.executable, "-m", "zq.cli", "serve", "--data", str(root / "journal"), "--bind", server.endpoint,
          "--config", str(root / "zq.toml")], env=env(), stderr=subprocess.PIPE, text=True)
-    server_pub = str(paths["server"][0])
-    c = zq.connect(server.endpoint, key=str(paths["alice"][1]), server_key=server_pub, connect_timeout=20)
-    c.close()
-    yield server, paths, allowed
-    server.terminate()
+    try:
+        zq.connect(server.endpoint, key=str(paths["alice"][1]), server_key=str(paths["server"][0]),
+                   connect_timeout=20).close()
+        yield server, paths, allowed
+    finally:
+        err = server.terminate()
+    assert "Traceback" not in err, err[-3000:]
 
 
 def client(secured, name, **kw):  # type: ignore[no-untyped-def]

@@ -66,7 +66,7 @@ def test_a_server_restart_ends_the_leases_it_held(tmp_path):
 
 def test_a_short_seeded_chaos_run_ends_with_no_violation(tmp_path):
     seed = int(os.environ.get("ZQ_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
-    faults = int(os.environ.get("ZQ_CHAOS_FAULTS", "30"))
+    faults = int(os.environ.get("ZQ_CHAOS_FAULTS", "24"))
     print(f"chaos seed {seed} (rerun: ZQ_CHAOS_SEED={seed})")
     chaos = Chaos(tmp_path, seed)
     if not chaos.tmpfs:
