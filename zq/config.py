@@ -70,7 +70,10 @@ class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_message_size: str = "16MiB"
     metrics: str | None = None
     max_connections: int = limits.CONNECTIONS_DEFAULT  # sessions (HELLO) at once
-    max_subscriptions_per_connection: int = limits.SUBSCRIPTIONS_PER_CONNECTION_DEFAULT  # incl. claims and replays
+    max_subscriptions_per_connection: int = limits.SUBSCRIPTIONS_PER_CONNECTION_DEFAULT  # incl. claims
+    max_replays_per_connection: int = 64
+    max_replays: int = 1024  # open replays, all connections together
+    max_range_requests: int = 64  # RANGE requests waiting for the reader thread, all connections together
 
 
 class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -125,6 +128,9 @@ class Config(msgspec.Struct, kw_only=True):
     metrics: str | None = None
     max_connections: int = limits.CONNECTIONS_DEFAULT
     max_subscriptions_per_connection: int = limits.SUBSCRIPTIONS_PER_CONNECTION_DEFAULT
+    max_replays_per_connection: int = 64
+    max_replays: int = 1024
+    max_range_requests: int = 64
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None  # CurveZMQ (zq.security); None: plaintext, loopback advised
 
@@ -163,6 +169,9 @@ class Config(msgspec.Struct, kw_only=True):
             metrics=s.metrics,
             max_connections=s.max_connections,
             max_subscriptions_per_connection=s.max_subscriptions_per_connection,
+            max_replays_per_connection=s.max_replays_per_connection,
+            max_replays=s.max_replays,
+            max_range_requests=s.max_range_requests,
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
             security=check_section(fc.security, base) if fc.security is not None else None,
         )
@@ -176,6 +185,9 @@ class Config(msgspec.Struct, kw_only=True):
             raise ConfigError(f"{source}: server.max_connections must be 1..{limits.CONNECTIONS_MAX}")
         if not 1 <= cfg.max_subscriptions_per_connection <= limits.SUBSCRIPTIONS_MAX:
             raise ConfigError(f"{source}: server.max_subscriptions_per_connection must be 1..{limits.SUBSCRIPTIONS_MAX}")
+        for key in ("max_replays_per_connection", "max_replays", "max_range_requests"):
+            if not 1 <= getattr(cfg, key) <= 1_000_000:
+                raise ConfigError(f"{source}: server.{key} must be 1..1000000")
         if not 0 < cfg.max_message_bytes <= limits.MESSAGE_BYTES_MAX:
             raise ConfigError(f"{source}: server.max_message_size must be 1B..{limits.MESSAGE_BYTES_MAX}B")
         return cfg

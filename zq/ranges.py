@@ -62,8 +62,10 @@ def array_header_size(n: int) -> int:
 class RangeReader:
     """The reader thread; ``forward`` and ``answers`` are the loop's side."""
 
-    def __init__(self, journal, ctx: zmq.Context, covers_of: Callable[[str], Callable[[str], bool] | None]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, journal, ctx: zmq.Context, covers_of: Callable[[str], Callable[[str], bool] | None],  # type: ignore[no-untyped-def]
+                 requests_max: int = RANGE_REQUESTS_MAX) -> None:
         self.journal = journal
+        self.requests_max = requests_max
         self.covers_of = covers_of  # queue name -> its covers(), read on the loop thread
         self.endpoint = f"inproc://zq-ranges-{id(self)}"
         self.loop_side = ctx.socket(zmq.PAIR)
@@ -83,8 +85,9 @@ class RangeReader:
         The request travels as an object through ``requests`` (a thread-safe queue),
         never pickled: a queue's topic matcher is a compiled pattern, which pickle
         cannot carry (that once ended the dispatcher)."""
-        if len(self.pending) >= RANGE_REQUESTS_MAX:
-            raise LimitError(f"too many range requests waiting (max {RANGE_REQUESTS_MAX}); retry shortly")
+        if len(self.pending) >= self.requests_max:
+            raise LimitError(f"too many range requests waiting (max {self.requests_max}, "
+                             "server.max_range_requests); retry shortly")
         covers = self.covers_of(cmd.target) if cmd.target else None
         self.pending.append(peer_id)
         self.requests.put((peer_id, cmd, covers))

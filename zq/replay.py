@@ -55,8 +55,11 @@ class Replay:
 class Replayer:
     """Every open replay of one server; the server feeds it commands and calls ``pump``."""
 
-    def __init__(self, journal, engine_of: Callable[[], object]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, journal, engine_of: Callable[[], object], *,  # type: ignore[no-untyped-def]
+                 per_peer_max: int = REPLAYS_PER_PEER_MAX, total_max: int = REPLAYS_MAX) -> None:
         self.journal = journal
+        self.per_peer_max = per_peer_max
+        self.total_max = total_max
         self.engine_of = engine_of
         self.replays: dict[str, Replay] = {}
         self.turn = 0
@@ -64,10 +67,10 @@ class Replayer:
     def open(self, key: str, peer_id: bytes, cmd: wire.Replay) -> dict:
         if key in self.replays:
             raise ProtocolError(f"replay {cmd.sub!r} already open on this connection")
-        if sum(1 for r in self.replays.values() if r.peer_id == peer_id) >= REPLAYS_PER_PEER_MAX:
-            raise LimitError(f"at most {REPLAYS_PER_PEER_MAX} replays per connection")
-        if len(self.replays) >= REPLAYS_MAX:
-            raise LimitError(f"at most {REPLAYS_MAX} replays open at once")
+        if sum(1 for r in self.replays.values() if r.peer_id == peer_id) >= self.per_peer_max:
+            raise LimitError(f"at most {self.per_peer_max} replays per connection (server.max_replays_per_connection)")
+        if len(self.replays) >= self.total_max:
+            raise LimitError(f"at most {self.total_max} replays open at once (server.max_replays)")
         engine = self.engine_of()
         q = engine.queues.get(cmd.target)  # type: ignore[attr-defined]
         if q is not None:

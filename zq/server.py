@@ -160,8 +160,9 @@ class Server:
         self.journal_failures = 0
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
         self.flow_held: list[tuple[bytes, bytes, list[str]]] = []  # confirmations waiting on full queues
-        self.replayer = Replayer(self.journal, lambda: self.engine)
-        self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers)
+        self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
+                                 total_max=config.max_replays)
+        self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers, requests_max=config.max_range_requests)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         if self.security is not None:
             self.poller.register(self.security_monitor, zmq.POLLIN)

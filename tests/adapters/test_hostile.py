@@ -228,7 +228,8 @@ def test_commands_that_once_stalled_the_loop_each_answer_at_once(server, peer):
 
 def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp_path):
     cfg = tmp_path / "zq.toml"
-    cfg.write_text("[server]\nmax_connections = 3\nmax_subscriptions_per_connection = 2\n")
+    cfg.write_text("[server]\nmax_connections = 3\nmax_subscriptions_per_connection = 2\n"
+                   "max_replays_per_connection = 1\n")
     server = ServerProcess(tmp_path, config=cfg).start()
     peers = []
     try:
@@ -245,6 +246,9 @@ def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp
         assert type(err) is wire.Error and "max_subscriptions_per_connection" in err.message
         err = p.request(lambda req: wire.Claim(req, "c2", "jobs", 1))
         assert type(err) is wire.Error and "max_subscriptions_per_connection" in err.message
+        assert type(p.request(lambda req: wire.Replay(req, "r1", "jobs", 0, None, None, True))) is wire.Reply
+        err = p.request(lambda req: wire.Replay(req, "r2", "jobs", 0, None, None, True))
+        assert type(err) is wire.Error and "max_replays_per_connection" in err.message
     finally:
         for p in peers:
             p.close()
@@ -254,6 +258,8 @@ def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp
 @pytest.mark.parametrize(("toml", "words"), [
     ("[server]\nmax_connections = 0\n", "server.max_connections"),
     ("[server]\nmax_subscriptions_per_connection = 99999999999\n", "max_subscriptions_per_connection"),
+    ("[server]\nmax_replays = 0\n", "server.max_replays"),
+    ("[server]\nmax_range_requests = -1\n", "server.max_range_requests"),
     ("[security]\nsecret_key = 'missing.key_secret'\nallow = '.'\n", "security.secret_key"),
     ("[security]\nallow = '.'\n", "secret_key"),
     ("[security]\nsecret_key = 'x'\nallow = '.'\nnope = 1\n", "nope"),
