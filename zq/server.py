@@ -56,6 +56,7 @@ JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is ca
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 SERVER_NAME = "zq/0.1.0"
+CONFIRM_TAG = wire.encode(wire.Confirm(0, []))[1:9]  # a CONFIRM frame's tag, as encoded: fixstr "confirm"
 INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
 
 
@@ -297,11 +298,19 @@ class Server:
             self.journal.commit(now, urgent=self.urgent_pending)
         except JournalError as exc:
             self.journal_failed(exc, now)
-            for i, (held, deliveries) in enumerate(self.deferred):  # answers that promise nothing leave now
+            for i, (held, deliveries) in enumerate(self.deferred):
+                keep = []
                 for peer_id, frame, durable in held:
                     if not durable:
-                        self.send(peer_id, frame)
-                self.deferred[i] = ([h for h in held if h[2]], deliveries)
+                        self.send(peer_id, frame)  # answers that promise nothing leave now
+                    elif frame[1:9] == CONFIRM_TAG:  # a publisher is told now, not after its timeout
+                        req = wire.server_decoder.decode(frame).req  # type: ignore[union-attr]
+                        self.send(peer_id, wire.encode(wire.Error(req, JournalError.code, (
+                            f"{self.journal_down}: not confirmed; the messages may still be stored once the "
+                            "journal takes writes again (publish them again with the same msg_id to be sure)"))))
+                    else:
+                        keep.append((peer_id, frame, durable))
+                self.deferred[i] = (keep, deliveries)
             return
         self.urgent_pending = False
         if self.journal_down is not None:
