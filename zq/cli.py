@@ -53,7 +53,10 @@ def keygen(
     put the clients' NAME.key files in the server's allowlist directory ([security] allow)."""
     from zq.security import keygen as make_keys
 
-    public, secret = make_keys(directory, name)
+    try:
+        public, secret = make_keys(directory, name)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc), RET_USAGE) from None
     typer.echo(f"public key: {public}\nsecret key: {secret} (keep it private)")
 
 

@@ -33,6 +33,8 @@ def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-u
     ep = endpoint_of(endpoint)
     try:
         return Client(ep, connect_timeout=timeout)
+    except ValueError as exc:  # an endpoint or a key that cannot be used
+        raise fail(str(exc), RET_USAGE) from None
     except ConnectionLost as exc:
         raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from zq.core.errors import ConfigError, NotEntitledError
 log = logging.getLogger("zq.security")
 
 ZAP_DOMAIN = "zq"
+KEY_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 ALL = ["*"]
 
 
@@ -224,6 +226,8 @@ def apply_client_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | Non
 
 def keygen(directory: str, name: str) -> tuple[str, str]:
     """Write NAME.key (public, to share) and NAME.key_secret (keep) in ``directory``."""
+    if not KEY_NAME.fullmatch(name):
+        raise ValueError(f"a key's name is 1..64 letters, digits, '.', '_' or '-' (not a path), got {name[:80]!r}")
     os.makedirs(directory, exist_ok=True)
     public, secret = zmq.auth.create_certificates(directory, name)
     os.chmod(secret, 0o600)

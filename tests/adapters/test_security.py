@@ -160,3 +160,23 @@ def _try(secured, name):  # type: ignore[no-untyped-def]
 def test_a_client_with_one_key_but_not_the_other_is_told_at_once():
     with pytest.raises(ValueError, match="both"):
         zq.connect("tcp://127.0.0.1:1", key="x.key_secret")
+
+
+def test_the_cli_takes_keys_and_refuses_bad_ones_in_one_line(secured, tmp_path):
+    server, paths, _ = secured
+
+    def zq_cli(*args: str):  # type: ignore[no-untyped-def]
+        return subprocess.run([sys.executable, "-m", "zq.cli", *args], env=env(), capture_output=True, text=True,
+                              timeout=60)
+
+    ok = zq_cli("--key", str(paths["alice"][1]), "--server-key", str(paths["server"][0]),
+                "publish", "cli.jobs", "hello", "--endpoint", server.endpoint)
+    assert ok.returncode == 0 and ok.stdout.strip().isdigit(), ok.stderr
+    for args, words in ((("--key", "/nonexistent", "--server-key", "/nonexistent"), "cannot read the client key"),
+                        (("--key", str(paths["alice"][1])), "both")):
+        out = zq_cli(*args, "stats", "--endpoint", server.endpoint)
+        assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr
+    for name in ("../escape", "", "x" * 65, "a/b"):
+        out = zq_cli("keygen", name, "--dir", str(tmp_path))
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path.parent / "escape.key").exists()
