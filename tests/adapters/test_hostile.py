@@ -298,3 +298,12 @@ def test_a_client_can_settle_only_what_was_leased_to_its_own_subscriptions(serve
         m.ack()
         owner.heartbeat()
     wait_until(lambda: server_stats(server)["queues"]["owned"]["acked"] == 1, what="the owner's ack")
+
+
+def test_a_peek_answer_stops_at_about_four_mebibytes(server):
+    with zq.connect(server.endpoint) as c:
+        c.publish_many("big.peek", [b"x" * 2**20] * 10)
+        got = c.peek("big.peek", limit=10)
+        assert len(got) == 4  # the fourth reaches 4 MiB: the answer stops there
+        assert [m["bookmark"] for m in got] == sorted(m["bookmark"] for m in got)
+        assert len(c.peek("big.peek", limit=3)) == 3

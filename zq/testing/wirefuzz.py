@@ -392,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                 proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
     print(report.line(), f"seconds={took:.0f} server_alive={alive}")
+    for line in err.splitlines():
+        if "held the loop" in line:
+            print("SLOW", line)
     for failure in report.failures[:20]:
         print("FAIL", failure)
     if report.server.get("internal_errors") or not alive:
