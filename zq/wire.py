@@ -253,6 +253,6 @@ encode = encoder.encode
 HEARTBEAT_FRAME = encode(Heartbeat())
 
 # Error codes that end a session: the client must say HELLO again and resubscribe.
-RESET = "reset"  # the server dropped every session (e.g. after a failed journal commit)
+RESET = "reset"  # the server dropped every session (reserved: zq itself no longer sends it, clients still obey it)
 NO_SESSION = "no-session"  # the server does not know this peer (restarted, or no HELLO yet)
 SESSION_ENDING = (RESET, NO_SESSION)

@@ -40,7 +40,3 @@ def compile_pattern(pattern: str, *, dotall: bool = False) -> Any:
         raise PatternError("regular expression refused: RE2 cannot match it in linear time "
                            "(backreferences, lookaround, or a repetition count above 1000)")
     return compiled
-
-
-def escape(text: str) -> str:
-    return re.escape(text)
