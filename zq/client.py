@@ -403,6 +403,7 @@ class Client:
         self._publishes: dict[int, tuple[Future | PublishBatch, bytes]] = {}  # req -> waiter, encoded PUBLISH
         self._broken: BaseException | None = None  # why the I/O thread died, if it did
         self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
+        self._topics_checked: set[str] = set()
         self._subs: dict[str, Subscription] = {}
         self._window = window
         self._unconfirmed = 0  # messages published and not yet confirmed
@@ -451,9 +452,13 @@ class Client:
     ) -> PublishFuture:
         """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
         self._check_open()
-        check_topic(topic)
+        if topic not in self._topics_checked:  # checked once per topic: this is the per-message path
+            check_topic(topic)
+            if len(self._topics_checked) < 1024:
+                self._topics_checked.add(topic)
         item = _item(data, group, priority, msg_id, headers)
-        self._check_size(item)
+        if len(item[0]) > self.max_message_bytes:
+            self._check_size(item)
         with self._publish_lock:
             while self._unconfirmed >= self._window:
                 self._window_free.wait(1.0)
