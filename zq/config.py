@@ -14,6 +14,7 @@ import msgspec
 
 from zq.core import limits
 from zq.core.errors import ConfigError
+from zq.core.expr import DEFAULT_LIMITS, DEPTH_MAX, EXPR_CHARS_MAX, IN_LIST_MAX, ExprLimits
 from zq.core.regex import PatternError, compile_pattern
 from zq.core.settings import QueueSettings
 from zq.security import SecuritySection, check_section
@@ -74,6 +75,9 @@ class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_replays_per_connection: int = 64
     max_replays: int = 1024  # open replays, all connections together
     max_range_requests: int = 64  # RANGE requests waiting for the reader thread, all connections together
+    max_filter_chars: int = EXPR_CHARS_MAX  # a client's filter, query or value expression
+    max_filter_depth: int = DEPTH_MAX  # nesting (parentheses, NOT, arithmetic, unary minus)
+    max_filter_in_items: int = IN_LIST_MAX  # literals in one IN list
 
 
 class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -131,6 +135,7 @@ class Config(msgspec.Struct, kw_only=True):
     max_replays_per_connection: int = 64
     max_replays: int = 1024
     max_range_requests: int = 64
+    expr_limits: ExprLimits = DEFAULT_LIMITS  # for expressions clients send
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None  # CurveZMQ (zq.security); None: plaintext, loopback advised
 
@@ -172,6 +177,7 @@ class Config(msgspec.Struct, kw_only=True):
             max_replays_per_connection=s.max_replays_per_connection,
             max_replays=s.max_replays,
             max_range_requests=s.max_range_requests,
+            expr_limits=ExprLimits(s.max_filter_chars, s.max_filter_depth, s.max_filter_in_items),
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
             security=check_section(fc.security, base) if fc.security is not None else None,
         )
@@ -188,6 +194,7 @@ class Config(msgspec.Struct, kw_only=True):
         for key in ("max_replays_per_connection", "max_replays", "max_range_requests"):
             if not 1 <= getattr(cfg, key) <= 1_000_000:
                 raise ConfigError(f"{source}: server.{key} must be 1..1000000")
+        cfg.expr_limits.check(f"{source}: server.max_filter_")
         if not 0 < cfg.max_message_bytes <= limits.MESSAGE_BYTES_MAX:
             raise ConfigError(f"{source}: server.max_message_size must be 1B..{limits.MESSAGE_BYTES_MAX}B")
         return cfg

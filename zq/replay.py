@@ -83,7 +83,7 @@ class Replayer:
             covers = lambda topic: pattern.fullmatch(topic) is not None  # noqa: E731
         else:
             covers = cmd.target.__eq__
-        match = compile_filter(cmd.filter).fn if cmd.filter else None
+        match = compile_filter(cmd.filter, engine.expr_limits).fn if cmd.filter else None  # type: ignore[attr-defined]
         next_seq = engine.next_seq  # type: ignore[attr-defined]
         if cmd.start_ms is not None:
             start = self.journal.seq_at_time(cmd.start_ms)

@@ -113,6 +113,7 @@ class Server:
         self.ctx = context or zmq.Context.instance()
         self.journal = LmdbJournal(config.data, durability=config.durability, fsync_interval_ms=config.fsync_interval_ms)
         self.engine: Engine = recover_engine(self.journal, config.queues, auto_queues=config.auto_queues)
+        self.engine.expr_limits = config.expr_limits
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.LINGER, 1000)

@@ -226,6 +226,34 @@ def test_commands_that_once_stalled_the_loop_each_answer_at_once(server, peer):
     assert st["internal_errors"] == 0 and st["slowest_command"]["ms"] < 1000
 
 
+def test_a_chain_of_250_ors_is_a_filter_not_an_internal_error(server, peer):
+    # Its left-deep tree once generated source nested past Python's 200 parentheses.
+    text = " OR ".join(f"x = '{i}'" for i in range(250))
+    with zq.connect(server.endpoint) as c:
+        c.publish("jobs", "hit", headers={"x": "249"})
+        c.publish("jobs", "miss", headers={"x": "250"})
+        assert [m["payload"] for m in c.peek("jobs", filter=text)] == [b"hit"]
+    assert server_stats(server)["server"]["internal_errors"] == 0
+
+
+def test_expression_limits_are_the_configs(tmp_path):
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text("[server]\nmax_filter_chars = 40\nmax_filter_depth = 3\nmax_filter_in_items = 2\n")
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with zq.connect(server.endpoint) as c:
+            c.publish("jobs", "x", headers={"x": "1"})
+            for text, words in (("x = '" + "a" * 40 + "'", "longer than 40"), ("((((x = '1'))))", "deeper than 3"),
+                                ("x IN (1, 2, 3)", "longer than 2")):
+                with pytest.raises(zq.ZqError, match=words):
+                    c.peek("jobs", filter=text)
+                with pytest.raises(zq.ZqError, match=words):
+                    c.query("jobs", filter=text)
+            assert len(c.peek("jobs", filter="x IN (1, 2)")) == 1
+    finally:
+        assert "Traceback" not in server.terminate()
+
+
 def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp_path):
     cfg = tmp_path / "zq.toml"
     cfg.write_text("[server]\nmax_connections = 3\nmax_subscriptions_per_connection = 2\n"
@@ -260,6 +288,10 @@ def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp
     ("[server]\nmax_subscriptions_per_connection = 99999999999\n", "max_subscriptions_per_connection"),
     ("[server]\nmax_replays = 0\n", "server.max_replays"),
     ("[server]\nmax_range_requests = -1\n", "server.max_range_requests"),
+    ("[server]\nmax_filter_chars = 0\n", "server.max_filter_chars must be 1..65536"),
+    ("[server]\nmax_filter_depth = 65\n", "server.max_filter_depth must be 1..64"),
+    ("[server]\nmax_filter_in_items = 'many'\n", "max_filter_in_items"),
+    ("[server]\nmax_filter_in_items = 18446744073709551615\n", "max_filter_in_items"),
     ("[security]\nsecret_key = 'missing.key_secret'\nallow = '.'\n", "security.secret_key"),
     ("[security]\nallow = '.'\n", "secret_key"),
     ("[security]\nsecret_key = 'x'\nallow = '.'\nnope = 1\n", "nope"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from zq import wire
 from zq.config import Config
 from zq.core import records as R
 from zq.core.errors import ConfigError
-from zq.core.expr import ExprError, compile_filter, compile_value
+from zq.core.expr import ExprError, ExprLimits, compile_filter, compile_value
 
 FAST = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -75,6 +76,66 @@ def test_every_expression_compiles_or_is_refused_and_evaluates_without_raising(t
                                  ({"x": "1e999"}, b'{"a": "\\udcff"}')):
             fn(headers, payload, "topic")
         assert time.perf_counter() - started < 2.0, text
+
+
+def deep(draw_leaf: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """Well-formed expressions of every construct, nested far past the depth limit."""
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.builds("NOT ({})".format, inner), st.builds("-({})".format, inner),
+            st.builds("({}) + {}".format, inner, draw_leaf), st.builds("{} * ({})".format, draw_leaf, inner),
+            st.builds("({}) AND ({})".format, inner, inner), st.builds("({}) OR {}".format, inner, draw_leaf),
+            st.builds("({}) < -{}".format, inner, draw_leaf), st.builds("({}) IS NOT NULL".format, inner),
+            st.builds("({}) NOT IN (1, 'a')".format, inner), st.builds("({}) NOT LIKE 'a%'".format, inner),
+        )
+    return st.recursive(draw_leaf, extend, max_leaves=200)
+
+
+@FAST
+@given(deep(st.sampled_from(["x", "y", "/a/b", "@topic", "1", "'s'", "TRUE", "NULL"])))
+def test_deeply_nested_expressions_compile_or_are_refused_never_crash(text):
+    for compile_ in (compile_filter, compile_value):
+        try:
+            fn = compile_(text)
+        except ExprError:
+            continue
+        fn({"x": "1", "y": "a"}, b'{"a": {"b": 2}}', "topic")
+
+
+@pytest.mark.parametrize("op", ["AND", "OR"])
+def test_a_long_chain_of_and_or_compiles_to_the_chains_value(op):
+    # 250 terms (3,500 characters) made a left-deep tree that was
+    # refused by Python's parser (too many nested parentheses) and answered as an
+    # internal error.
+    terms = [f"x = '{i}'" for i in range(250)]
+    text = f" {op} ".join(terms)
+    fn = compile_filter(text)
+    assert fn({"x": "7"}, b"", "t") is (op == "OR")
+    assert fn({"x": "nope"}, b"", "t") is False
+    assert compile_filter(f" {op} ".join(["x = '1'"] * 250))({"x": "1"}, b"", "t") is True
+
+
+def test_arithmetic_and_minus_chains_count_toward_the_depth_limit():
+    with pytest.raises(ExprError, match="nested deeper than 64"):
+        compile_value(" + ".join(["x"] * 66))
+    with pytest.raises(ExprError, match="nested deeper than 64"):
+        compile_value("-" * 65 + "x")
+    assert compile_value(" + ".join(["1"] * 60))({}, b"", "t") == 60
+
+
+def test_expression_limits_are_the_callers():
+    small = ExprLimits(chars=20, depth=2, in_items=3)
+    with pytest.raises(ExprError, match="longer than 20"):
+        compile_filter("x = 'aaaaaaaaaaaaaaaaaaaaaa'", small)
+    with pytest.raises(ExprError, match="nested deeper than 2"):
+        compile_filter("((((x))))", small)
+    with pytest.raises(ExprError, match="IN list longer than 3"):
+        compile_filter("x IN (1,2,3,4)", small)
+    big = ExprLimits(chars=65_536, in_items=65_536)
+    assert compile_filter("x IN (" + ",".join(map(str, range(10_000))) + ")", big)({"x": "9999"}, b"", "t")
+    for bad in (ExprLimits(chars=0), ExprLimits(depth=65), ExprLimits(in_items=1 << 40), ExprLimits(chars="9")):
+        with pytest.raises(ConfigError):
+            bad.check()
 
 
 config_values = st.one_of(st.text(max_size=30), st.integers(-(2**70), 2**70), st.booleans(), st.none(),

@@ -79,6 +79,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
         scan: Callable[[int, int], list[R.Message]] | None = None,
     ) -> None:
         self.queues: dict[str, Queue] = {}
+        # Bounds on the expressions clients send (filters, queries); the adapter sets
+        # its config's. Queue settings' own expressions use the defaults.
+        self.expr_limits: expr.ExprLimits = expr.DEFAULT_LIMITS
         # The scan port: committed messages from a bookmark on (TargetQueueDepth reads
         # a queue's inactive part back through it; see zq.core.depth).
         self.scan = scan
@@ -427,7 +430,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         check_queue_name(queue)
         match = None
         if filter:
-            match = self.matcher(expr.compile_filter(filter))
+            match = self.matcher(expr.compile_filter(filter, self.expr_limits))
         if sub_id in self.subs:
             raise ProtocolError(f"subscription id {sub_id!r} is already in use")
         if len(self.subs) >= limits.SUBSCRIPTIONS_MAX:
@@ -503,7 +506,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             raise ProtocolError(f"claim limit must be 1..{limits.CLAIM_MAX}, got {limit}")
         if not 0 < lease_ms <= limits.DURATION_MS_MAX:
             raise ProtocolError(f"a claim's lease must be 1..{limits.DURATION_MS_MAX} ms")
-        match = self.matcher(expr.compile_filter(filter)) if filter else None
+        match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None
         sub = self.subs.get(sub_id)
         if sub is None:
             self.subscribe(sub_id, queue, consumer, 1, now_ms)
@@ -812,7 +815,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         With ``filter``, only matching ones; at most ``limits.VIEW_SCAN_MAX`` are read.
         """
         q = self.queue(queue)
-        match = self.matcher(expr.compile_filter(filter)) if filter else None
+        match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None
         out = []
         for i, seq in enumerate(q.waiting()):
             if len(out) >= limit or i >= limits.VIEW_SCAN_MAX:
@@ -826,7 +829,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         q = self.queue(queue)
         if self.content is None:
             raise NotSupportedError("queries need an engine with a content reader (a journal)")
-        qry = Query(group_by, aggregates, filter)
+        qry = Query(group_by, aggregates, filter, self.expr_limits)
         truncated = False
         for i, seq in enumerate(q.waiting()):
             if i >= limits.VIEW_SCAN_MAX:

@@ -8,9 +8,13 @@ condition is needed, a value where a value is), and compiled (``compile_filter``
 Nothing the user typed reaches that source except through ``repr`` of a literal
 (strings, numbers) or of a field name, and the function runs with no builtins, so
 an expression can only read fields and call the helpers below: no code execution.
-Cost is bounded by the expression's size (``EXPR_CHARS_MAX``, ``DEPTH_MAX``,
-``IN_LIST_MAX``), by the message size, and by matching every LIKE and MATCHES
-pattern with RE2 (``zq.core.regex``: linear in the input, never backtracking).
+Cost is bounded by the expression's size (``ExprLimits``: characters, nesting depth,
+IN list length; a dispatcher's come from its config), by the message size, and by
+matching every LIKE and MATCHES pattern with RE2 (``zq.core.regex``: linear in the
+input, never backtracking). Chains of AND / OR are folded into balanced trees, and
+arithmetic and unary minus count toward the depth, so no tree is deeper than the
+limit: the parser, the compiler and the generated source (Python's own parser stops
+at 200 nested parentheses) all stay within bounds.
 Number literals must be finite: ``1e999`` is refused where it is written.
 
 Values are SQL-like with NULL: a missing header or body field is NULL; comparisons
@@ -35,17 +39,39 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import msgspec
 
-from zq.core.errors import ProtocolError
+from zq.core.errors import ConfigError, ProtocolError
 from zq.core.regex import PatternError, compile_pattern
 
-EXPR_CHARS_MAX = 4096
+EXPR_CHARS_MAX = 4096  # defaults (configurable: server.max_filter_chars etc.)
 DEPTH_MAX = 64
 IN_LIST_MAX = 1024
+EXPR_CHARS_CEILING = 65_536  # what the config may raise them to
+DEPTH_CEILING = 64  # generated code nests up to three parentheses a level; Python allows 200
+IN_LIST_CEILING = 65_536
 REGEX_CHARS_MAX = 256
+
+
+class ExprLimits(NamedTuple):
+    """How big an expression may be; the defaults, or a dispatcher's config."""
+
+    chars: int = EXPR_CHARS_MAX
+    depth: int = DEPTH_MAX
+    in_items: int = IN_LIST_MAX
+
+    def check(self, prefix: str = "expression limit ") -> ExprLimits:
+        """Refuse limits outside 1..ceiling; ``prefix`` names them as the config does."""
+        for name, value, ceiling in (("chars", self.chars, EXPR_CHARS_CEILING), ("depth", self.depth, DEPTH_CEILING),
+                                     ("in_items", self.in_items, IN_LIST_CEILING)):
+            if type(value) is not int or not 1 <= value <= ceiling:
+                raise ConfigError(f"{prefix}{name} must be 1..{ceiling}, got {value!r}")
+        return self
+
+
+DEFAULT_LIMITS = ExprLimits()
 
 KEYWORDS = {"AND", "OR", "NOT", "IN", "LIKE", "MATCHES", "IS", "NULL", "TRUE", "FALSE", "BETWEEN"}
 COMPARISONS = {"=": "eq", "==": "eq", "!=": "ne", "<>": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
@@ -132,9 +158,10 @@ BOOLEAN_KINDS = {"not", "and", "or", "truth", "cmp", "in", "like", "match", "isn
 
 
 class Parser:
-    def __init__(self, text: str) -> None:
-        if len(text) > EXPR_CHARS_MAX:
-            raise ExprError(f"expression longer than {EXPR_CHARS_MAX} characters", "", 0)
+    def __init__(self, text: str, limits: ExprLimits = DEFAULT_LIMITS) -> None:
+        if len(text) > limits.chars:
+            raise ExprError(f"expression longer than {limits.chars} characters", "", 0)
+        self.limits = limits
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
@@ -164,8 +191,8 @@ class Parser:
 
     def nest(self) -> None:
         self.depth += 1
-        if self.depth > DEPTH_MAX:
-            raise self.error(f"expression nested deeper than {DEPTH_MAX}")
+        if self.depth > self.limits.depth:
+            raise self.error(f"expression nested deeper than {self.limits.depth}")
 
     def parse(self) -> tuple:
         if self.at("end"):
@@ -177,17 +204,25 @@ class Parser:
 
     def parse_or(self) -> tuple:
         node = self.parse_and()
+        if not self.at("kw", "OR"):
+            return node
+        first = self.peek()
+        items = [self.boolean(node, first)]
         while self.at("kw", "OR"):
             t = self.take()
-            node = ("or", t.pos, self.boolean(node, t), self.boolean(self.parse_and(), t))
-        return node
+            items.append(self.boolean(self.parse_and(), t))
+        return balanced("or", first.pos, items)
 
     def parse_and(self) -> tuple:
         node = self.parse_not()
+        if not self.at("kw", "AND"):
+            return node
+        first = self.peek()
+        items = [self.boolean(node, first)]
         while self.at("kw", "AND"):
             t = self.take()
-            node = ("and", t.pos, self.boolean(node, t), self.boolean(self.parse_not(), t))
-        return node
+            items.append(self.boolean(self.parse_not(), t))
+        return balanced("and", first.pos, items)
 
     def parse_not(self) -> tuple:
         if self.at("kw", "NOT"):
@@ -269,8 +304,8 @@ class Parser:
             if node[0] != "lit":
                 raise ExprError("IN lists hold literals only", self.text, node[1])
             items.append(node[2])
-            if len(items) > IN_LIST_MAX:
-                raise ExprError(f"IN list longer than {IN_LIST_MAX}", self.text, node[1])
+            if len(items) > self.limits.in_items:
+                raise ExprError(f"IN list longer than {self.limits.in_items}", self.text, node[1])
             if self.at("op", ","):
                 self.take()
                 continue
@@ -278,23 +313,31 @@ class Parser:
             return tuple(items)
 
     def parse_sum(self) -> tuple:
+        depth = self.depth
         node = self.parse_product()
         while self.peek().kind == "op" and self.peek().text in "+-":
             t = self.take()
+            self.nest()  # a left-deep chain: each operator is a level
             node = ("arith", t.pos, t.text, self.value(node, t), self.value(self.parse_product(), t))
+        self.depth = depth
         return node
 
     def parse_product(self) -> tuple:
+        depth = self.depth
         node = self.parse_unary()
         while self.peek().kind == "op" and self.peek().text in ("*", "/", "%"):
             t = self.take()
+            self.nest()
             node = ("arith", t.pos, t.text, self.value(node, t), self.value(self.parse_unary(), t))
+        self.depth = depth
         return node
 
     def parse_unary(self) -> tuple:
         if self.at("op", "-"):
             t = self.take()
+            self.nest()
             operand = self.value(self.parse_unary(), t)
+            self.depth -= 1
             if operand[0] == "lit" and isinstance(operand[2], (int, float)) and not isinstance(operand[2], bool):
                 return ("lit", t.pos, -operand[2])
             return ("neg", t.pos, operand)
@@ -355,13 +398,23 @@ def like_to_regex(pattern: str) -> re.Pattern[str]:
     return compile_pattern("".join(out), dotall=True)
 
 
-def parse(text: str) -> tuple:
-    return Parser(text).parse()
+def balanced(kind: str, pos: int, items: list[tuple]) -> tuple:
+    """A chain of one associative operator (AND, OR: also in three-valued logic) as a
+    balanced tree: 10,000 terms nest 14 deep, not 10,000; the order of evaluation
+    (left to right, short-circuiting) is the chain's."""
+    if len(items) == 1:
+        return items[0]
+    mid = len(items) // 2
+    return (kind, pos, balanced(kind, pos, items[:mid]), balanced(kind, pos, items[mid:]))
 
 
-def parse_condition(text: str) -> tuple:
+def parse(text: str, limits: ExprLimits = DEFAULT_LIMITS) -> tuple:
+    return Parser(text, limits).parse()
+
+
+def parse_condition(text: str, limits: ExprLimits = DEFAULT_LIMITS) -> tuple:
     """Parse a filter: a bare field reads as a boolean, a number is an error."""
-    p = Parser(text)
+    p = Parser(text, limits)
     return p.boolean(p.parse(), Token("kw", "a filter", 0))
 
 
@@ -787,11 +840,11 @@ HELPERS = {
 }
 
 
-def _compile(text: str, want_condition: bool) -> Compiled:
+def _compile(text: str, want_condition: bool, limits: ExprLimits) -> Compiled:
     if want_condition:
-        tree = push_not(parse_condition(text))
+        tree = push_not(parse_condition(text, limits))
     else:
-        tree = parse(text)
+        tree = parse(text, limits)
     if not want_condition and tree[0] in BOOLEAN_KINDS:
         raise ExprError("expected a value (a field or arithmetic), not a condition", text, tree[1])
     g = CodeGen()
@@ -823,14 +876,14 @@ def _compile(text: str, want_condition: bool) -> Compiled:
     return Compiled(text, scope["_expr"], set(g.headers), list(g.paths), g.uses_topic, source)
 
 
-def compile_filter(text: str) -> Compiled:
+def compile_filter(text: str, limits: ExprLimits = DEFAULT_LIMITS) -> Compiled:
     """A condition: calling it returns True exactly when the expression is TRUE."""
-    return _compile(text, True)
+    return _compile(text, True, limits)
 
 
-def compile_value(text: str) -> Compiled:
+def compile_value(text: str, limits: ExprLimits = DEFAULT_LIMITS) -> Compiled:
     """A value expression (priority, aggregates): returns the value or None (NULL)."""
-    return _compile(text, False)
+    return _compile(text, False, limits)
 
 
 # --------------------------------------------------------- reference evaluator

@@ -35,6 +35,7 @@ class ManagementMixin:
     queues: dict[str, Queue]
     records: list[Any]
     now_ms: int
+    expr_limits: expr.ExprLimits
 
     # ------------------------------------------------------- subscriptions
 
@@ -48,7 +49,7 @@ class ManagementMixin:
         sub = self.sub(sub_id)  # type: ignore[attr-defined]
         if max_backlog < 1:
             raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
-        match = self.matcher(expr.compile_filter(filter)) if filter else None  # type: ignore[attr-defined]
+        match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None  # type: ignore[attr-defined]
         if queue != sub.queue.name:
             if sub.used:
                 raise ProtocolError(f"cannot move a subscription holding {sub.used} messages to another queue; "
@@ -69,7 +70,7 @@ class ManagementMixin:
 
     def select(self, q: Queue, filter: str | None, group: str | None = None, leased: bool = False) -> list[int]:
         """Waiting (and with ``leased``, leased) messages of ``q`` matching, oldest first."""
-        match = self.matcher(expr.compile_filter(filter)) if filter else None  # type: ignore[attr-defined]
+        match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None  # type: ignore[attr-defined]
         if group is not None:
             gid = q.gid_of.get(group)
             if gid is None:

@@ -31,7 +31,7 @@ class Aggregate:
         self.value = value
 
 
-def parse_aggregate(text: str) -> Aggregate:
+def parse_aggregate(text: str, limits: expr.ExprLimits = expr.DEFAULT_LIMITS) -> Aggregate:
     """``count`` | ``count(EXPR)`` | ``sum(EXPR)`` | ``avg(EXPR)`` | ``min(EXPR)`` | ``max(EXPR)``."""
     label = text.strip()
     if label.lower() in ("count", "count(*)"):
@@ -40,7 +40,7 @@ def parse_aggregate(text: str) -> Aggregate:
     if m is None or m.group(1).lower() not in FUNCTIONS:
         raise ProtocolError(f"aggregate {label!r}: expected one of {', '.join(f + '(EXPR)' for f in FUNCTIONS)} or count")
     try:
-        value = expr.compile_value(m.group(2))
+        value = expr.compile_value(m.group(2), limits)
     except expr.ExprError as e:
         raise expr.ExprError(f"aggregate {label!r}: {e.args[0].splitlines()[0]}") from None
     return Aggregate(label, m.group(1).lower(), value)
@@ -49,12 +49,13 @@ def parse_aggregate(text: str) -> Aggregate:
 class Query:
     """A compiled query: feed messages with ``add``, read rows with ``rows``."""
 
-    def __init__(self, group_by: list[str], aggregates: list[str], filter: str | None = None) -> None:
+    def __init__(self, group_by: list[str], aggregates: list[str], filter: str | None = None,
+                 limits: expr.ExprLimits = expr.DEFAULT_LIMITS) -> None:
         if len(aggregates) > AGGREGATES_MAX or len(group_by) > AGGREGATES_MAX:
             raise ProtocolError(f"at most {AGGREGATES_MAX} group-by keys and aggregates")
-        self.group_by = [(g, expr.compile_value(g)) for g in group_by]
-        self.aggregates = [parse_aggregate(a) for a in (aggregates or ["count"])]
-        self.filter = expr.compile_filter(filter) if filter else None
+        self.group_by = [(g, expr.compile_value(g, limits)) for g in group_by]
+        self.aggregates = [parse_aggregate(a, limits) for a in (aggregates or ["count"])]
+        self.filter = expr.compile_filter(filter, limits) if filter else None
         self.groups: dict[tuple, list[Any]] = {}
         self.scanned = 0
 
