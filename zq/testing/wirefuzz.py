@@ -53,11 +53,13 @@ FILTERS = [
     "x IN (" + ",".join(str(i) for i in range(2000)) + ")", "x IN (" + ",".join(str(i) for i in range(1000)) + ")",
     "(" * 100 + "x = 1" + ")" * 100, "NOT " * 200 + "x", "/a/b/c = 'z'", "@topic = 'fz.a'", "x = 99999999999999999999999",
     "x * x * x * x * x * x > 1", "x = " + "9" * 4000, "x +", "'unterminated", "x = 'a' AND", "priority > 3",
-    "\udcff" if False else "x = '\u2603'", "a" * 5000,
+    "\udcff" if False else "x = '\u2603'", "a" * 5000, " OR ".join(f"x = '{i}'" for i in range(250)),
+    "x = " + " + ".join(["1"] * 300), "x = " + "-" * 300 + "1",
 ]
 DURATIONS = ["1s", "30s", "0s", "-1s", "99999999999999999999d", "1" * 400 + "d", "1e9h", "5m", "", "abc", 10**19, -1, 0]
 SIZES = ["1KiB", "0", "9" * 30 + "TiB", "16MiB", 2**64 - 1, -5, "x"]
-EXPRS = [None, "priority", "/n", "x = 1e999", "1e999", "x ~ '(a+)+$'", "(" * 70 + "x" + ")" * 70, "a" * 5000]
+EXPRS = [None, "priority", "/n", "x = 1e999", "1e999", "x ~ '(a+)+$'", "(" * 70 + "x" + ")" * 70, "a" * 5000,
+         " + ".join(["x"] * 300)]
 ADMIN_OPS = ["replace", "ack-filter", "purge", "move", "redrive", "groups", "queue-create", "queue-delete",
              "nope", "", "x" * 1000]
 
