@@ -1,13 +1,15 @@
 """Operator commands over the wire (ADMIN frames): one function per operation.
 
 Each operation's arguments are a msgspec Struct, so a malformed request gets an
-error naming the field; the work itself is the engine's (``zq.core.manage``).
+error naming the field; the work itself is the engine's (``zq.core.manage``). A bulk
+action (purge, move, ack-filter, redrive) answers with a ``Bulk``: the server runs it a
+slice per loop iteration and answers its total when the last slice is done.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -15,7 +17,15 @@ from zq.config import QueueSection, queue_settings
 from zq.core.errors import ProtocolError
 
 if TYPE_CHECKING:
+    from zq.core.manage import BulkCursor
     from zq.server import Peer, Server
+
+
+class Bulk(NamedTuple):
+    """A bulk action to run slice by slice: ``step(cursor, now)`` does one, returns its count."""
+
+    name: str
+    step: Callable[[BulkCursor, int], int]
 
 
 class Args(msgspec.Struct, forbid_unknown_fields=True):
@@ -63,21 +73,23 @@ def replace(server: Server, peer: Peer, a: ReplaceArgs, now: int) -> Any:
 
 
 def ack_filter(server: Server, peer: Peer, a: AckFilterArgs, now: int) -> Any:
-    return server.engine.ack_filter(a.queue, a.filter, peer.consumer, now)
+    consumer = peer.consumer
+    return Bulk("ack-filter", lambda c, now: server.engine.ack_filter(a.queue, a.filter, consumer, now, cursor=c))
 
 
 def purge(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
-    return server.engine.purge(a.queue, now, filter=a.filter, group=a.group)
+    return Bulk("purge", lambda c, now: server.engine.purge(a.queue, now, filter=a.filter, group=a.group, cursor=c))
 
 
 def move(server: Server, peer: Peer, a: MoveArgs, now: int) -> Any:
-    return server.engine.move(a.queue, a.to, now, filter=a.filter, group=a.group)
+    return Bulk("move", lambda c, now: server.engine.move(a.queue, a.to, now, filter=a.filter, group=a.group,
+                                                         cursor=c))
 
 
 def redrive(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
     if a.group is not None:
         raise ProtocolError("redrive takes a filter, not a group")
-    return server.engine.redrive(a.queue, now, filter=a.filter)
+    return Bulk("redrive", lambda c, now: server.engine.redrive(a.queue, now, filter=a.filter, cursor=c))
 
 
 def groups(server: Server, peer: Peer, a: GroupsArgs, now: int) -> Any:

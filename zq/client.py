@@ -67,6 +67,9 @@ def error_from(code: str, message: str) -> ZqError:
     return _error_types().get(code, ZqError)(message)
 
 
+BULK_TIMEOUT_S = 600.0  # how long a bulk operator action may take (see Client.purge)
+
+
 class ConnectionLost(ZqError):
     code = "connection"
 
@@ -583,6 +586,8 @@ class Client:
         return sub
 
     # ------------------------------------------------------- operators
+    # (ack-filter, purge, move and redrive run in slices between everyone else's
+    # requests, about 0.3-1.5 s per 100,000 messages: they wait up to BULK_TIMEOUT_S.)
 
     def admin(self, op: str, timeout: float = 30.0, **args: object) -> object:
         """Run an operator action (see ``zq.admin.OPERATIONS``); the methods below wrap it."""
@@ -591,19 +596,19 @@ class Client:
     def ack_filter(self, queue: str, filter: str) -> int:
         """Acknowledge every available message matching ``filter`` (leased ones too when
         the queue's ``leasing`` is ``shared``). Returns how many."""
-        return self.admin("ack-filter", queue=queue, filter=filter)  # type: ignore[return-value]
+        return self.admin("ack-filter", BULK_TIMEOUT_S, queue=queue, filter=filter)  # type: ignore[return-value]
 
     def purge(self, queue: str, *, filter: str | None = None, group: str | None = None) -> int:
         """Delete available messages: all, one group's, or a filter's matches."""
-        return self.admin("purge", queue=queue, filter=filter, group=group)  # type: ignore[return-value]
+        return self.admin("purge", BULK_TIMEOUT_S, queue=queue, filter=filter, group=group)  # type: ignore[return-value]
 
     def move(self, queue: str, to: str, *, filter: str | None = None, group: str | None = None) -> int:
         """Republish available messages to topic ``to`` and remove them from ``queue``."""
-        return self.admin("move", queue=queue, to=to, filter=filter, group=group)  # type: ignore[return-value]
+        return self.admin("move", BULK_TIMEOUT_S, queue=queue, to=to, filter=filter, group=group)  # type: ignore[return-value]
 
     def redrive(self, queue: str, *, filter: str | None = None) -> int:
         """Send dead letters back to the topic they came from, with their id and headers."""
-        return self.admin("redrive", queue=queue, filter=filter)  # type: ignore[return-value]
+        return self.admin("redrive", BULK_TIMEOUT_S, queue=queue, filter=filter)  # type: ignore[return-value]
 
     def groups(self, queue: str, limit: int = 1000) -> list[dict]:
         """Groups of a queue with pending and in-flight counts, busiest first."""

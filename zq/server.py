@@ -32,6 +32,7 @@ from zq.config import Config
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine
+from zq.core.manage import BulkCursor
 from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
@@ -103,6 +104,17 @@ class Peer:
     @property
     def consumer(self) -> str:
         return self.peer_id.hex()
+
+
+@dataclass
+class BulkAction:
+    """A purge / move / ack-filter / redrive under way, answered when its last slice is done."""
+
+    peer_id: bytes
+    req: int
+    bulk: admin.Bulk
+    cursor: BulkCursor
+    total: int = 0
 
 
 class Server:
@@ -177,6 +189,8 @@ class Server:
         self.slowest_command: tuple[float, str] = (0.0, "")
         self.slow_commands = 0
         self.internal_errors = 0
+        # Bulk operator actions under way: one slice of one of them per iteration.
+        self.bulk_actions: collections.deque[BulkAction] = collections.deque()
         self.pending_rights: Rights | None = None  # the key's rights, from the HELLO frame being handled
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
@@ -239,7 +253,7 @@ class Server:
             deadline = min(deadline, due)
         if self.journal_down is not None:
             deadline = min(deadline, self.journal_retry_ms)
-        elif self.replayer.busy():
+        elif self.replayer.busy() or self.bulk_actions:
             return 0
         return max(0, min(deadline - now, 1000))
 
@@ -266,6 +280,8 @@ class Server:
         if self.security is not None:
             self.security.count_refusals()
         self.receive_all(now)
+        if self.bulk_actions:
+            self.run_bulk(now)
         for peer_id, frame in self.ranges.answers():
             self.send(peer_id, frame)
         self.engine.advance(now)
@@ -399,12 +415,52 @@ class Server:
             log.exception("internal error handling %s from %s", type(cmd).__name__, peer_id.hex())
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), INTERNAL,
                                            f"internal error ({type(exc).__name__}); the dispatcher goes on"))
-        took_ms = (time.perf_counter() - started) * 1000
+        self.note_time(type(cmd).__name__, (time.perf_counter() - started) * 1000, peer_id)
+
+    def note_time(self, what: str, took_ms: float, who: bytes) -> None:
+        """The watchdog: count what held the loop past its threshold, keep the slowest."""
         if took_ms > SLOW_COMMAND_MS:
             self.slow_commands += 1
-            log.warning("%s from %s held the loop %.0f ms", type(cmd).__name__, peer_id.hex(), took_ms)
+            log.warning("%s from %s held the loop %.0f ms", what, who.hex(), took_ms)
         if took_ms > self.slowest_command[0]:
-            self.slowest_command = (took_ms, type(cmd).__name__)
+            self.slowest_command = (took_ms, what)
+
+    # ------------------------------------------------------- bulk actions
+
+    def start_bulk(self, peer_id: bytes, req: int, bulk: admin.Bulk, now: int) -> None:
+        """Run a bulk action's first slice now; a small queue's answer leaves this iteration."""
+        if len(self.bulk_actions) >= limits.BULK_ACTIONS_MAX:
+            raise LimitError(f"{limits.BULK_ACTIONS_MAX} purges / moves / ack-filters / redrives are under way; "
+                             "try again when one ends")
+        action = BulkAction(peer_id, req, bulk, self.engine.bulk_cursor())
+        action.total += bulk.step(action.cursor, now)  # errors here are the request's: answered as usual
+        if action.cursor.done:
+            self.reply(peer_id, wire.Reply(req, action.total), durable=True)
+        else:
+            self.bulk_actions.append(action)
+
+    def run_bulk(self, now: int) -> None:
+        """One slice of the oldest bulk action (they take turns), answered when done."""
+        action = self.bulk_actions.popleft()
+        started = time.perf_counter()
+        try:
+            action.total += action.bulk.step(action.cursor, now)
+        except ZqError as exc:  # the queue was deleted under it, say
+            self.reply(action.peer_id, wire.Error(action.req, exc.code, f"{action.bulk.name} stopped after "
+                                                  f"{action.total} messages: {str(exc)[:1900]}"), durable=True)
+            return
+        except Exception as exc:  # noqa: BLE001 -- the safety net, as for commands
+            self.internal_errors += 1
+            log.exception("internal error in a slice of %s", action.bulk.name)
+            self.reply(action.peer_id, wire.Error(action.req, INTERNAL, f"internal error ({type(exc).__name__}) "
+                                                  f"after {action.total} messages; the dispatcher goes on"))
+            return
+        finally:
+            self.note_time(f"Admin({action.bulk.name}) slice", (time.perf_counter() - started) * 1000, action.peer_id)
+        if action.cursor.done:
+            self.reply(action.peer_id, wire.Reply(action.req, action.total), durable=True)
+        else:
+            self.bulk_actions.append(action)
 
     def entitled(self, peer: Peer | None, cmd: Any, user: str | None) -> None:
         """With security on: may this client's key make this request? (Raises if not.)"""
@@ -458,7 +514,10 @@ class Server:
             self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))  # type: ignore[attr-defined]
         elif t is wire.Admin:
             result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
-            self.reply(peer_id, wire.Reply(cmd.req, result), durable=True)  # type: ignore[attr-defined]
+            if type(result) is admin.Bulk:
+                self.start_bulk(peer_id, cmd.req, result, now)  # type: ignore[attr-defined]
+            else:
+                self.reply(peer_id, wire.Reply(cmd.req, result), durable=True)  # type: ignore[attr-defined]
         elif t is wire.Replay:
             check_sub_id(cmd.sub)  # type: ignore[attr-defined]
             info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
@@ -737,6 +796,7 @@ class Server:
             "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
             "slow_commands": self.slow_commands,
             "internal_errors": self.internal_errors,
+            "bulk_actions": len(self.bulk_actions),
             "security": self.security.stats() if self.security is not None else {"on": False},
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
                         "down_ms": now - self.journal_down_since if self.journal_down else 0,

@@ -254,6 +254,24 @@ def test_expression_limits_are_the_configs(tmp_path):
         assert "Traceback" not in server.terminate()
 
 
+def test_a_big_purge_runs_in_slices_and_others_are_answered_between_them(server, peer):
+    """40,000 messages with a filter are four slices: a STATS sent just after the
+    purge is answered before it, and sees it under way; the purge's count is exact."""
+    with zq.connect(server.endpoint) as c:
+        for i in range(4):
+            c.publish_many("big", [b"m"] * 10_000, headers={"odd": str(i % 2)})
+        c.publish("big", "last", headers={"odd": "0"})
+    peer.sock.send(wire.encode(wire.Admin(1, "purge", {"queue": "big", "filter": "odd = '1'"})))
+    peer.sock.send(wire.encode(wire.Stats(2)))
+    first, second = peer.next(), peer.next()
+    assert (first.req, second.req) == (2, 1), (first, second)
+    assert first.data["server"]["bulk_actions"] == 1
+    assert second.data == 20_000
+    st = server_stats(server)
+    assert st["queues"]["big"]["depth"] == 20_001 and st["server"]["bulk_actions"] == 0
+    assert st["server"]["internal_errors"] == 0
+
+
 def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp_path):
     cfg = tmp_path / "zq.toml"
     cfg.write_text("[server]\nmax_connections = 3\nmax_subscriptions_per_connection = 2\n"

@@ -28,7 +28,9 @@ RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journal
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
 CLAIM_MAX = 4096  # messages one claim may take
 VIEW_SCAN_MAX = 10_000  # messages one peek / query reads: 4-6 us each with a filter (a 1 M-frame fuzz saw 25,000 take 100-160 ms)
-BULK_SCAN_MAX = 1_000_000  # messages one operator action (purge, move, ack-filter, redrive) takes at most
+BULK_SLICE = 10_000  # messages a bulk operator action (purge, move, ack-filter, redrive) reads per loop iteration
+BULK_COPY_SLICE = 2_000  # messages a move or redrive copies per loop iteration (~12 us each with the journal write)
+BULK_ACTIONS_MAX = 16  # bulk operator actions running at once
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX
 assert len(b"rp:") + TOPIC_BYTES_MAX + len(b".dead") <= 511  # LMDB's largest key

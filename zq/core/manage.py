@@ -2,9 +2,14 @@
 filter, list groups, declare and delete queues at run time.
 
 They live apart from the dispatch path (``engine.py``) because they are rare,
-operator-driven and may touch many messages; each one is bounded by
-``limits.BULK_SCAN_MAX`` messages and journals what it removed as events, so
-recovery agrees with what the operator saw.
+operator-driven and may touch many messages. A bulk action (purge, move, ack-filter,
+redrive) runs in slices of ``limits.BULK_SLICE`` messages read (``BULK_COPY_SLICE``
+copied, for move and redrive), in bookmark order,
+resuming from a ``BulkCursor``: the dispatcher runs one slice per loop iteration and
+serves everyone else between them. Each slice journals what it removed as events, so
+recovery agrees with what the operator saw. A slice sees the queue as it is then:
+messages published after the action began are not its, and a message returned to the
+queue behind the cursor (a lease expired) stays.
 """
 
 from __future__ import annotations
@@ -26,6 +31,20 @@ if TYPE_CHECKING:
 REASON_PURGED = "purged"
 REASON_MOVED = "moved"
 REASON_REDRIVEN = "redriven"
+
+
+class BulkCursor:
+    """Where a bulk operator action (purge, move, ack-filter, redrive) stands between
+    slices: the last bookmark read, and the first bookmark that is not the action's
+    (published after it began: a purge of a busy queue ends)."""
+
+    __slots__ = ("after", "end", "done", "match")
+
+    def __init__(self, end: int) -> None:
+        self.after = 0
+        self.end = end
+        self.done = False
+        self.match: Callable[[int], bool] | None = None
 
 
 class ManagementMixin:
@@ -68,35 +87,51 @@ class ManagementMixin:
 
     # ------------------------------------------------------------ selection
 
-    def select(self, q: Queue, filter: str | None, group: str | None = None, leased: bool = False) -> list[int]:
-        """Waiting (and with ``leased``, leased) messages of ``q`` matching, oldest first."""
-        match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None  # type: ignore[attr-defined]
+    def select(self, q: Queue, match: Callable[[int], bool] | None, cursor: BulkCursor, group: str | None = None,
+               leased: bool = False, take: int = 0) -> list[tuple[int, int]]:
+        """The next slice of ``q``'s waiting messages matching, in bookmark order, as
+        (bookmark, group id): at most ``limits.BULK_SLICE`` are read and, with ``take``,
+        at most that many picked; ``cursor`` moves past them. With ``leased``, the first
+        slice also takes every leased one (their number is bounded by the credit)."""
+        take = take or limits.BULK_SLICE
+        gid: int | None = None
         if group is not None:
             gid = q.gid_of.get(group)
             if gid is None:
+                cursor.done = True
                 return []
-            seqs = q.waiting_of_group(gid)
-        else:
-            seqs = list(q.waiting())
-        if leased:
-            seqs = sorted(seqs + list(q.lease_of))
-        out = []
-        for seq in seqs[: limits.BULK_SCAN_MAX]:
+        out: list[tuple[int, int]] = []
+        if leased and cursor.after == 0:
+            for seq in q.lease_of:
+                if seq < cursor.end and (match is None or match(seq)):
+                    out.append((seq, 0))
+        read = 0
+        for seq, g in q.waiting_between(cursor.after, cursor.end, gid):
+            if read >= limits.BULK_SLICE or len(out) >= take:
+                break
+            read += 1
+            cursor.after = seq
             if match is None or match(seq):
-                out.append(seq)
+                out.append((seq, g))
+        else:
+            cursor.done = True
         return out
 
-    def take_out(self, q: Queue, seqs: list[int], kind: str, consumer: str, reason: str = "") -> list[int]:
-        """Remove ``seqs`` from ``q`` now, journaling ``kind`` (acked / expired) for each."""
+    def take_out(self, q: Queue, picked: list[tuple[int, int]], kind: str, consumer: str,
+                 reason: str = "", leased: bool = False) -> list[int]:
+        """Remove the picked (bookmark, group id) messages of ``q`` now, journaling ``kind``
+        (acked / expired) for each; the groups stop counting them at once. A leased one
+        is taken only with ``leased`` (ack-filter on a shared queue)."""
         done = []
-        gids = q.waiting_gids() if q.groups and seqs else {}
-        for seq in seqs:
+        for seq, gid in picked:
             lease = q.lease_of.get(seq)
             if lease is not None:
+                if not leased:
+                    continue
                 _, m = q.release(seq)
                 q.finish(seq, m >> 32)
                 q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
-            elif q.remove_available(seq, known_waiting=True, gid=gids.get(seq, 0)):
+            elif q.remove_available(seq, known_waiting=True, gid=gid):
                 q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
             else:
                 continue
@@ -108,23 +143,52 @@ class ManagementMixin:
         q.dirty = True
         return done
 
-    def ack_filter(self, queue: str, filter: str, consumer: str, now_ms: int) -> int:
+    def bulk(self, cursor: BulkCursor | None, one_slice: Callable[[BulkCursor], int]) -> int:
+        """With a cursor, one slice (the dispatcher's way: it answers others between
+        slices); without, every slice at once (embedded use, tests)."""
+        if cursor is not None:
+            return one_slice(cursor)
+        cursor = self.bulk_cursor()
+        total = 0
+        while not cursor.done:
+            total += one_slice(cursor)
+        return total
+
+    def bulk_cursor(self) -> BulkCursor:
+        """A cursor for a bulk action starting now: messages published later are not its."""
+        return BulkCursor(self.next_seq)  # type: ignore[attr-defined]
+
+    def filter_of(self, cursor: BulkCursor, filter: str | None) -> Callable[[int], bool] | None:
+        """The action's filter, compiled at its first slice."""
+        if filter and cursor.match is None:
+            cursor.match = self.matcher(expr.compile_filter(filter, self.expr_limits))  # type: ignore[attr-defined]
+        return cursor.match
+
+    def ack_filter(self, queue: str, filter: str, consumer: str, now_ms: int, cursor: BulkCursor | None = None) -> int:
         """Acknowledge every available message matching ``filter`` (and leased ones when
         the queue's ``leasing`` is ``"shared"``: their holders' acks are then refused)."""
         self.set_time(now_ms)  # type: ignore[attr-defined]
-        q = self.queue(queue)  # type: ignore[attr-defined]
-        seqs = self.select(q, filter, leased=q.settings.leasing == "shared")
-        return len(self.take_out(q, seqs, R.ACKED, consumer))
 
-    def purge(self, queue: str, now_ms: int, *, filter: str | None = None, group: str | None = None) -> int:
+        def one_slice(c: BulkCursor) -> int:
+            q = self.queue(queue)  # type: ignore[attr-defined]
+            shared = q.settings.leasing == "shared"
+            picked = self.select(q, self.filter_of(c, filter), c, leased=shared)
+            return len(self.take_out(q, picked, R.ACKED, consumer, leased=shared))
+        return self.bulk(cursor, one_slice)
+
+    def purge(self, queue: str, now_ms: int, *, filter: str | None = None, group: str | None = None,
+              cursor: BulkCursor | None = None) -> int:
         """Delete available messages (all, a group's, or a filter's matches); leased ones stay."""
         self.set_time(now_ms)  # type: ignore[attr-defined]
-        q = self.queue(queue)  # type: ignore[attr-defined]
-        seqs = self.select(q, filter, group)
-        return len(self.take_out(q, seqs, R.EXPIRED, "", REASON_PURGED))
+
+        def one_slice(c: BulkCursor) -> int:
+            q = self.queue(queue)  # type: ignore[attr-defined]
+            picked = self.select(q, self.filter_of(c, filter), c, group)
+            return len(self.take_out(q, picked, R.EXPIRED, "", REASON_PURGED))
+        return self.bulk(cursor, one_slice)
 
     def move(self, queue: str, target_topic: str, now_ms: int, *, filter: str | None = None,
-             group: str | None = None) -> int:
+             group: str | None = None, cursor: BulkCursor | None = None) -> int:
         """Publish copies of available messages to ``target_topic``, then remove them here."""
         self.set_time(now_ms)  # type: ignore[attr-defined]
         q = self.queue(queue)  # type: ignore[attr-defined]
@@ -132,28 +196,36 @@ class ManagementMixin:
             raise ProtocolError("move needs a different target topic")
         check_topic(target_topic, "move target topic")
         self.route_or_create(target_topic)  # type: ignore[attr-defined]  # refused here (queue limit), before anything moves
-        seqs = self.take_out(q, self.select(q, filter, group), R.EXPIRED, "", REASON_MOVED)
-        for seq in seqs:
-            headers = {"zq.reason": REASON_MOVED, "zq.queue": q.name, "zq.bookmark": str(seq)}
-            self.publish_copy(target_topic, seq, headers)
-        return len(seqs)
 
-    def redrive(self, queue: str, now_ms: int, *, filter: str | None = None) -> int:
+        def one_slice(c: BulkCursor) -> int:
+            q = self.queue(queue)  # type: ignore[attr-defined]
+            picked = self.select(q, self.filter_of(c, filter), c, group, take=limits.BULK_COPY_SLICE)
+            seqs = self.take_out(q, picked, R.EXPIRED, "", REASON_MOVED)
+            for seq in seqs:
+                headers = {"zq.reason": REASON_MOVED, "zq.queue": q.name, "zq.bookmark": str(seq)}
+                self.publish_copy(target_topic, seq, headers)
+            return len(seqs)
+        return self.bulk(cursor, one_slice)
+
+    def redrive(self, queue: str, now_ms: int, *, filter: str | None = None, cursor: BulkCursor | None = None) -> int:
         """Dead letters of ``queue`` back to the topic they came from, with their original
         headers and message id (no dedup: the id is the same on purpose)."""
         self.set_time(now_ms)  # type: ignore[attr-defined]
-        q = self.queue(queue)  # type: ignore[attr-defined]
-        plan = []
-        for seq in self.select(q, filter):
-            m = self.message(seq)  # type: ignore[attr-defined]
-            topic = m.headers.get("zq.topic") if m is not None else None
-            if topic:
-                plan.append((seq, topic))
-        taken = set(self.take_out(q, [s for s, _ in plan], R.EXPIRED, "", REASON_REDRIVEN))
-        for seq, topic in plan:
-            if seq in taken:
-                self.publish_copy(topic, seq, {})
-        return len(taken)
+
+        def one_slice(c: BulkCursor) -> int:
+            q = self.queue(queue)  # type: ignore[attr-defined]
+            plan = []
+            for seq, gid in self.select(q, self.filter_of(c, filter), c, take=limits.BULK_COPY_SLICE):
+                m = self.message(seq)  # type: ignore[attr-defined]
+                topic = m.headers.get("zq.topic") if m is not None else None
+                if topic:
+                    plan.append((seq, gid, topic))
+            taken = set(self.take_out(q, [(s, g) for s, g, _ in plan], R.EXPIRED, "", REASON_REDRIVEN))
+            for seq, _, topic in plan:
+                if seq in taken:
+                    self.publish_copy(topic, seq, {})
+            return len(taken)
+        return self.bulk(cursor, one_slice)
 
     def publish_copy(self, topic: str, source_seq: int, headers: dict[str, str]) -> int:
         """Journal a copy of ``source_seq`` on ``topic`` and enqueue it where it belongs.

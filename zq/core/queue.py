@@ -56,8 +56,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from zq.core import limits
@@ -1090,7 +1091,7 @@ class Queue:
 
         ``known_waiting``: the caller knows ``seq`` waits in this queue, which spares an
         ordered queue a scan of its heap. ``gid``: its group, when the caller knows it
-        (``waiting_gids``): the group stops counting it now, not when it is reached, so
+        (``waiting_between``): the group stops counting it now, not when it is reached, so
         ``groups`` and ``zq top`` agree with a purge at once."""
         if seq in self.removed or seq in self.lease_of:
             return False
@@ -1328,19 +1329,41 @@ class Queue:
             if seq not in removed:
                 yield seq
 
-    def waiting_gids(self) -> dict[int, int]:
-        """Group of every waiting grouped message (for purge and move: one pass, not one
-        search per message)."""
-        out: dict[int, int] = {}
-        if not self.grouped:
-            return out
-        for s, g in zip(self.fifo[self.head:], self.fifo_gid[self.head:]):
-            if g:
-                out[s] = g
-        for g in self.groups.values():
-            for s in g.pending[g.phead:]:
-                out[s] = g.gid
-        return out
+    def waiting_between(self, after: int, end: int, gid: int | None = None) -> Iterator[tuple[int, int]]:
+        """Waiting messages with bookmarks in (``after``, ``end``), in bookmark order, as
+        (bookmark, group id); with ``gid``, one group's only (0: messages of no group).
+
+        What a bulk operator action reads one slice at a time: the fifo and each group's
+        pending list are sorted, so a slice costs one bisect each, a pass over the
+        (usually short) returned heap and set-aside list, and what it takes."""
+        removed = self.removed
+        sources: list[Iterator[tuple[int, int]]] = []
+        fifo, head = self.fifo, self.head
+        lo = bisect_right(fifo, after, lo=head)
+        hi = bisect_left(fifo, end, lo=lo)
+        if lo < hi:
+            if self.grouped:
+                fifo_gid = self.fifo_gid
+                sources.append((fifo[i], fifo_gid[i]) for i in range(lo, hi) if gid is None or fifo_gid[i] == gid)
+            elif not gid:
+                sources.append(zip(fifo[lo:hi], repeat(0)))
+        if not gid and self.returned:  # the heap holds messages of no group only
+            sources.append(iter(sorted((s, 0) for s in (k & SEQ_MASK for k in self.returned) if after < s < end)))
+        if self.skipped:
+            gone = self.skip_gone
+            sources.append(iter(sorted((k & SEQ_MASK, g) for k, g in zip(self.skipped, self.skipped_gid)
+                                       if k not in gone and after < k & SEQ_MASK < end and (gid is None or g == gid))))
+        groups = self.groups.values() if gid is None else [self.groups[gid]] if gid in self.groups else []
+        for grp in groups:
+            if grp.has_pending():
+                pending, g = grp.pending, grp.gid
+                a = bisect_right(pending, after, lo=grp.phead)
+                b = bisect_left(pending, end, lo=a)
+                if a < b:
+                    sources.append(zip(pending[a:b], repeat(g)))
+        for seq, g in heapq.merge(*sources):
+            if seq not in removed:
+                yield seq, g
 
     def waiting_of_group(self, gid: int) -> list[int]:
         """The waiting messages of one group, oldest first."""
