@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -83,3 +84,44 @@ def _try_publish(c, w) -> int | None:  # type: ignore[no-untyped-def]
         return c.publish("jobs", "resumed", timeout=2)
     except JournalError:
         return None
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A journal directory on a read-only bind mount (as root ignores permission bits)."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    done = subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {done.stderr.strip()}")
+    try:
+        yield src, ro
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+
+
+def make_read_only(ro) -> None:  # type: ignore[no-untyped-def]
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True, capture_output=True)
+
+
+def test_a_read_only_journal_directory_is_refused_in_one_line_and_still_reads(read_only_dir):
+    """Linux refuses to make a mount read-only while a journal is open for writing on it
+    (EBUSY), so the fault is met at start: a clear refusal, and `zq journal` reads it."""
+    src, ro = read_only_dir
+    server = ServerProcess(src).start()
+    with zq.connect(server.endpoint) as c:
+        c.publish("jobs", "kept")
+    server.terminate()
+    make_read_only(ro)
+    for data in (ro / "journal", ro / "fresh"):
+        done = subprocess.run([sys.executable, "-m", "zq.cli", "serve", "--data", str(data), "--bind", "tcp://127.0.0.1:0"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1, done
+        assert "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"zq: cannot write the journal at {data}: Read-only file system "
+            "(zq serve writes there; `zq journal` commands only read)"]
+    verify = subprocess.run([sys.executable, "-m", "zq.cli", "journal", "verify", "--data", str(ro / "journal")], capture_output=True, text=True,
+                            timeout=30)
+    assert verify.returncode == 0 and '"ok": true' in verify.stdout, verify

@@ -75,8 +75,12 @@ class LmdbJournal:
         self.readonly = readonly
         self.lock_fd: int | None = None
         if not readonly:
-            os.makedirs(path, exist_ok=True)
-            self.lock_fd = take_writer_lock(path)
+            try:
+                os.makedirs(path, exist_ok=True)
+                self.lock_fd = take_writer_lock(path)
+            except OSError as exc:  # a read-only file system, no permission, not a directory
+                raise JournalError(f"cannot write the journal at {path}: {exc.strerror} "
+                                   "(zq serve writes there; `zq journal` commands only read)") from None
         try:
             self.env = lmdb.open(
                 path,
@@ -92,14 +96,19 @@ class LmdbJournal:
         except lmdb.Error as exc:
             self.release_lock()
             raise JournalError(f"cannot open journal at {path}: {exc}") from exc
-        self.msgs = self.env.open_db(b"msgs", create=not readonly)
-        self.events = self.env.open_db(b"events", create=not readonly)
-        self.queues = self.env.open_db(b"queues", create=not readonly)
-        self.meta = self.env.open_db(b"meta", create=not readonly)
-        try:  # message ids for dedup: topic \0 id -> seq, ts (journals before dedup lack it)
-            self.ids: object | None = self.env.open_db(b"ids", create=not readonly)
-        except lmdb.NotFoundError:
-            self.ids = None
+        try:
+            self.msgs = self.env.open_db(b"msgs", create=not readonly)
+            self.events = self.env.open_db(b"events", create=not readonly)
+            self.queues = self.env.open_db(b"queues", create=not readonly)
+            self.meta = self.env.open_db(b"meta", create=not readonly)
+            try:  # message ids for dedup: topic \0 id -> seq, ts (journals before dedup lack it)
+                self.ids: object | None = self.env.open_db(b"ids", create=not readonly)
+            except lmdb.NotFoundError:
+                self.ids = None
+        except lmdb.Error as exc:
+            self.env.close()
+            self.release_lock()
+            raise JournalError(f"cannot open journal at {path}: {exc}") from exc
         self.staged: list[object] = []
         # The message records of the last two commits, as stored: deliveries mostly
         # send what was just published, and a dict lookup is a third of an LMDB get.
