@@ -55,6 +55,8 @@ RETENTION_INTERVAL_MS = 10_000
 JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tried again
 JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is called "disk full"
 PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
+# What one loop iteration does, in order: the watchdog keeps the split of the longest.
+LOOP_PHASES = ("receive", "bulk+ranges", "engine", "append", "commit+send", "claims+replay", "heartbeat+retention")
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 SERVER_NAME = "zq/0.1.0"
@@ -186,6 +188,8 @@ class Server:
         # The watchdog: what held the loop longest, and failures the safety net caught
         # (each one is a bug to fix: the fuzzer fails on any).
         self.loop_max_ms = 0.0
+        self.loop_max_phases: dict[str, float] = {}  # where the longest iteration's time went
+        self.marks: tuple[float, ...] = ()
         self.slowest_command: tuple[float, str] = (0.0, "")
         self.slow_commands = 0
         self.internal_errors = 0
@@ -274,18 +278,26 @@ class Server:
             took_ms = (time.perf_counter() - started) * 1000
             if took_ms > self.loop_max_ms:
                 self.loop_max_ms = took_ms
+                marks = self.marks
+                self.loop_max_phases = {name: round((marks[i + 1] - marks[i]) * 1000, 3)
+                                        for i, name in enumerate(LOOP_PHASES) if i + 1 < len(marks)}
 
     def serve_once(self, now: int) -> None:
         """One iteration after the poll: read, step the engine, commit, send."""
+        clock = time.perf_counter
+        t0 = clock()
         if self.security is not None:
             self.security.count_refusals()
         self.receive_all(now)
+        t1 = clock()
         if self.bulk_actions:
             self.run_bulk(now)
         for peer_id, frame in self.ranges.answers():
             self.send(peer_id, frame)
+        t2 = clock()
         self.engine.advance(now)
         out = self.engine.drain(now)
+        t3 = clock()
         self.journal.append(out.records)
         # Only fsync mode asks whether a commit must reach the disk before sending.
         self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
@@ -294,16 +306,20 @@ class Server:
         for notice in self.engine.notices:
             log.warning("%s", notice)
         self.engine.notices.clear()
+        t4 = clock()
         if self.journal_down is None or now >= self.journal_retry_ms:
             self.commit_and_send(now)
+        t5 = clock()
         if self.claims:
             self.end_due_claims(now)
         if self.journal_down is None:
             self.replayer.pump(self.send)
+        t6 = clock()
         if now >= self.next_heartbeat_ms:
             self.heartbeat(now)
         if now >= self.next_retention_ms and self.journal_down is None:
             self.retention(now)
+        self.marks = (t0, t1, t2, t3, t4, t5, t6, clock())
 
     def commit_and_send(self, now: int) -> None:
         """Commit what is staged; then, and only then, send what waited on it.
@@ -793,6 +809,7 @@ class Server:
             "frames_in": self.frames_in,
             "frames_out": self.frames_out,
             "loop_max_ms": round(self.loop_max_ms, 3),
+            "loop_max_phases": self.loop_max_phases,
             "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
             "slow_commands": self.slow_commands,
             "internal_errors": self.internal_errors,

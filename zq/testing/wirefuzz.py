@@ -79,7 +79,7 @@ class Report:
         s = self.server
         return (f"seed={self.seed} frames={self.frames} batches={self.batches} replies={self.replies} "
                 f"stats_rtt_max_ms={self.stats_rtt_max_ms:.1f} live_rtt_max_ms={self.live_rtt_max_ms:.1f} "
-                f"loop_max_ms={s.get('loop_max_ms')} slowest_command={s.get('slowest_command')} "
+                f"loop_max_ms={s.get('loop_max_ms')} phases={s.get('loop_max_phases')} slowest_command={s.get('slowest_command')} "
                 f"slow_commands={s.get('slow_commands')} internal_errors={s.get('internal_errors')} "
                 f"failures={len(self.failures)}")
 
