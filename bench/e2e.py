@@ -160,7 +160,7 @@ def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "b
     import threading
 
     import zq
-    from zq.config import Config
+    from zq.server.config import Config
 
     n = int(seconds * rate)
     tmp = tempfile.mkdtemp(prefix="zq-bench-embedded-")
@@ -213,7 +213,7 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
     payload = b"x" * 128
     confirm_us: list[float] = []
     if mode == "paced-publisher":
-        from zq.publisher import Publisher
+        from zq.client.publisher import Publisher
 
         with Publisher(endpoint, name="bench-producer") as p:
             first = time.time_ns()
@@ -283,7 +283,7 @@ def worker(endpoint: str, backlog: int, out: str, consumer: str = "worker") -> N
     thread) taking what has arrived at once, as a Redis worker's XREADGROUP COUNT +
     XACK; or ``zq.Client`` (an I/O thread) one message at a time, or in batches."""
     from zq.client import Client
-    from zq.worker import Worker
+    from zq.client.worker import Worker
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import zq
     from tools.delivery_report import figures, load, write
-    from zq.config import Config
+    from zq.server.config import Config
     from zq.spark import local_session
 
     data = tempfile.mkdtemp(prefix="zq-spark-fleet-")

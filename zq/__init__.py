@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 from zq import aio
 from zq.client import Client, ConnectionLost, Message, Subscription, connect
-from zq.config import Config
+from zq.server.config import Config
 from zq.core.errors import (
     ConfigError,
     JournalError,
@@ -22,9 +22,9 @@ from zq.core.errors import (
     UnknownQueueError,
     ZqError,
 )
-from zq.publisher import Publisher
+from zq.client.publisher import Publisher
 from zq.server import Dispatcher, Server
-from zq.worker import Worker
+from zq.client.worker import Worker
 
 __all__ = [
     "Client",

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import zq
-from zq.config import Config
+from zq.server.config import Config
 from zq.core.errors import ZqError
 
 from .support import wait_until

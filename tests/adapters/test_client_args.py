@@ -13,8 +13,8 @@ import pytest
 import zq
 from zq.client import Client, ConnectionLost
 from zq.core.errors import LimitError
-from zq.publisher import Publisher
-from zq.worker import Worker
+from zq.client.publisher import Publisher
+from zq.client.worker import Worker
 
 from .support import ServerProcess, env
 
@@ -81,9 +81,9 @@ def test_a_value_of_the_wrong_type_fails_the_call_at_once(client, kw, match):
 def test_data_of_the_wrong_type_and_bad_topics_fail_at_once(client):
     with pytest.raises(TypeError, match="bytes or str"):
         quick(client.publish, "types", 42)
-    with pytest.raises(zq.client.ZqError, match="longer than"):
+    with pytest.raises(zq.ZqError, match="longer than"):
         quick(client.publish, "t" * 481, "x")
-    with pytest.raises(zq.client.ZqError, match="empty"):
+    with pytest.raises(zq.ZqError, match="empty"):
         quick(client.publish, "", "x")
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import zq
-from zq.config import Config, duration_ms, size_bytes
+from zq.server.config import Config, duration_ms, size_bytes
 from zq.core.errors import ConfigError
 
 from .support import ServerProcess, WorkerProcess, wait_until

@@ -13,7 +13,7 @@ import pytest
 
 import zq
 from zq.core.errors import JournalError
-from zq.worker import Worker
+from zq.client.worker import Worker
 
 from .support import ServerProcess, wait_until
 

@@ -10,8 +10,8 @@ import pytest
 
 import zq
 from zq import wire
-from zq.ranges import decode_messages
-from zq.worker import Worker
+from zq.wire.records import decode_messages
+from zq.client.worker import Worker
 
 from .support import ServerProcess, env, raw_dealer, wait_until
 
@@ -318,7 +318,7 @@ def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp
     ("[[queue]]\nname = 'q'\ntopics = '^(a)\\1$'\n", "linear time"),
 ])
 def test_bad_config_keys_are_refused_naming_the_key(tmp_path, toml, words):
-    from zq.config import Config
+    from zq.server.config import Config
     from zq.core.errors import ConfigError
 
     path = tmp_path / "zq.toml"

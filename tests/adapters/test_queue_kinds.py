@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import zq
-from zq.config import Config
+from zq.server.config import Config
 from zq.core.settings import QueueSettings
 
 from .support import ServerProcess, wait_until

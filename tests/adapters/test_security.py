@@ -15,9 +15,9 @@ import zmq
 import zq
 from zq import wire
 from zq.client import ConnectionLost
-from zq.publisher import Publisher
+from zq.client.publisher import Publisher
 from zq.core.errors import NotEntitledError
-from zq.worker import Worker
+from zq.client.worker import Worker
 
 from .support import ServerProcess, env, wait_until
 
@@ -136,7 +136,7 @@ def test_the_default_entitlements_apply_to_keys_without_an_entry(secured):
     with client(secured, "alice") as c:
         c.publish("orders", "x")
         assert c.groups("orders") == []  # default admin: ["groups"]
-        with pytest.raises(zq.client.ZqError, match="may not admin 'purge'"):
+        with pytest.raises(zq.ZqError, match="may not admin 'purge'"):
             c.purge("orders")
 
 

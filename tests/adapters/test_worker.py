@@ -7,7 +7,7 @@ import time
 import pytest
 
 import zq
-from zq.config import Config
+from zq.server.config import Config
 
 from .support import ServerProcess, wait_until
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zq import wire
-from zq.config import Config
+from zq.server.config import Config
 from zq.core import records as R
 from zq.core.errors import ConfigError
 from zq.core.expr import ExprError, ExprLimits, compile_filter, compile_value

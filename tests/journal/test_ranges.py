@@ -8,15 +8,8 @@ import pytest
 from zq import wire
 from zq.core import records as R
 from zq.journal.lmdb_journal import LmdbJournal
-from zq.ranges import (
-    RANGE_BYTES_MAX,
-    decode_messages,
-    msgpack_array,
-    record_seq,
-    record_sizes,
-    records_frame,
-    select_records,
-)
+from zq.journal.ranges import RANGE_BYTES_MAX, record_seq, select_records
+from zq.wire.records import decode_messages, msgpack_array, record_sizes, records_frame
 
 
 def journal_with(tmp_path, records) -> LmdbJournal:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow", reason="zq.columnar needs pyarrow: pip install 'zq[spark]'")
 pytest.importorskip("numpy", reason="zq.columnar needs numpy: pip install 'zq[spark]'")
 
-from zq.columnar import MessageColumns, Unparsed
+from zq.spark.columnar import MessageColumns, Unparsed
 from zq.core import records as R
-from zq.ranges import decode_messages, msgpack_array
+from zq.wire.records import decode_messages, msgpack_array
 from zq.spark import decoded_messages_batch, messages_batch
 
 

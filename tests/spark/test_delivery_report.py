@@ -4,9 +4,9 @@ directly (plain Python) from the same journal records."""
 from __future__ import annotations
 
 import zq
-from zq.config import Config
+from zq.server.config import Config
 from zq.core.settings import QueueSettings
-from zq.ranges import decode_events, decode_messages
+from zq.wire.records import decode_events, decode_messages
 from tools.delivery_report import figures, load, write
 
 

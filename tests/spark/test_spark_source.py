@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import zq
-from zq.config import Config
+from zq.server.config import Config
 
 from ..adapters.support import ROOT, env
 

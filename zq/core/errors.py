@@ -42,7 +42,7 @@ class NotSupportedError(ZqError):
 
 
 class NotEntitledError(ZqError):
-    """With security on: this client's key may not make this request (``zq.security``)."""
+    """With security on: this client's key may not make this request (``zq.server.security``)."""
 
     code = "not-entitled"
 

@@ -1,6 +1,6 @@
 """Per-queue settings as the engine sees them: plain integers, units in the names.
 
-The TOML config (``zq.config``) parses strings such as ``"30s"`` into these; the
+The TOML config (``zq.server.config``) parses strings such as ``"30s"`` into these; the
 engine never sees a string duration.
 """
 

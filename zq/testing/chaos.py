@@ -78,7 +78,7 @@ def publisher_main(endpoint: str, log_path: str, prefix: str, rate: float) -> No
     """Publish batches of one group to each queue's topic; log what was confirmed."""
     from zq.client import ConnectionLost
     from zq.core.errors import ZqError
-    from zq.publisher import Publisher
+    from zq.client.publisher import Publisher
 
     rng = random.Random(prefix)
     log = open(log_path, "a", buffering=1)
@@ -101,7 +101,7 @@ def publisher_main(endpoint: str, log_path: str, prefix: str, rate: float) -> No
 
 def worker_main(endpoint: str, queue: str, slow: float, seed: int) -> None:
     """Ack everything; with ``slow``, sometimes hold a message past its lease."""
-    from zq.worker import Worker
+    from zq.client.worker import Worker
 
     rng = random.Random(seed)
     w = Worker(endpoint, queue, max_backlog=8, name=f"chaos-{queue}", connect_timeout=60)

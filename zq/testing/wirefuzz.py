@@ -264,8 +264,8 @@ class WireFuzz:
         self.peers = [self.dealer() for _ in range(peers)]
         self.control = self.dealer()
         self.control_req = 0
-        from zq.publisher import Publisher
-        from zq.worker import Worker
+        from zq.client.publisher import Publisher
+        from zq.client.worker import Worker
 
         self.publisher = Publisher(endpoint, name="fuzz-live")
         self.worker = Worker(endpoint, LIVE_QUEUE, max_backlog=4, name="fuzz-live")

@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 *Reading.* The planner asks the dispatcher where the journal ends (BOUNDS) and cuts
 [from, to) into bookmark ranges, one ``InputPartition`` each. Every executor fetches
-its range with RANGE requests over ZeroMQ (``zq.ranges``: the dispatcher answers from
+its range with RANGE requests over ZeroMQ (``zq.server.ranges``: the dispatcher answers from
 a reader thread, so a big read never stalls deliveries), decodes each answer's records
 with one typed msgspec call and builds one Arrow ``RecordBatch`` per answer against a
 fixed schema. With ``option("path", DIR)`` executors read a (copied) journal
@@ -56,13 +56,13 @@ try:
     )
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-    from zq.columnar import MessageColumns, Unparsed  # numpy
+    from zq.spark.columnar import MessageColumns, Unparsed  # numpy
 except ImportError as exc:  # pragma: no cover - exercised by users without the extra
     raise ImportError(f"zq.spark needs pyspark, pyarrow and numpy: pip install 'zq[spark]' ({exc})") from exc
 
 from zq.core import records as R
 from zq.core.errors import ProtocolError
-from zq.ranges import decode_events, decode_messages
+from zq.wire.records import decode_events, decode_messages
 
 MESSAGE_DDL = ("bookmark BIGINT, topic STRING, timestamp TIMESTAMP, msg_id STRING, `group` STRING, priority BIGINT, "
                "headers MAP<STRING, STRING>, payload BINARY")
@@ -194,7 +194,8 @@ class Journal:
             r = self.client.read_range(o.kind, start, end, server_target, o.batch_rows)
             blob, sizes, nxt, done = r.blob, r.sizes, r.next, r.done
         else:
-            from zq.ranges import msgpack_array, record_sizes, select_records
+            from zq.wire.records import msgpack_array, record_sizes
+            from zq.journal.ranges import select_records
 
             raws, nxt, done = select_records(self.local, o.kind, start, end, None,
                                              o.target if o.kind == "events" else None, o.batch_rows)
@@ -252,7 +253,7 @@ def to_int(text: str | None) -> int | None:
 
 
 def messages_batch(blob: bytes | memoryview, sizes: bytes, group_header: str = "group") -> pa.RecordBatch:
-    """One answer's records as Arrow columns: parsed all at once (``zq.columnar``), or,
+    """One answer's records as Arrow columns: parsed all at once (``zq.spark.columnar``), or,
     if a record is not in the layout that reads, decoded one by one."""
     if sizes:
         try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from zq.config import QueueSection, queue_settings
+from zq.server.config import QueueSection, queue_settings
 from zq.core.errors import ProtocolError
 
 if TYPE_CHECKING:

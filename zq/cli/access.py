@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from zq.cli_common import RET_USAGE, EndpointOpt, client_for, fail, message_json
+from zq.cli.common import RET_USAGE, EndpointOpt, client_for, fail, message_json
 from zq.core.errors import ZqError
 
 
@@ -16,7 +16,7 @@ def parse_from(text: str, now_ms: int) -> tuple[int | str, int | None]:
     """``--from``: 0 | now | a bookmark | an ISO time | a duration ago ("10m")."""
     from datetime import datetime, timezone
 
-    from zq.config import duration_ms
+    from zq.server.config import duration_ms
 
     t = text.strip()
     if t == "now":
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        from zq.views import rows_table
+        from zq.cli.views import rows_table
 
         Console().print(rows_table(rows, list(group_by or []) + list(aggregate or ["count"])))
 
@@ -179,7 +179,7 @@ def register_management(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        from zq.views import rows_table
+        from zq.cli.views import rows_table
 
         Console().print(rows_table(rows, ["group", "pending", "in_flight", "owner"]))
 

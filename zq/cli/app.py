@@ -14,12 +14,12 @@ from typing import Optional
 import msgspec
 import typer
 
-from zq import cli_access
-from zq.cli_journal import journal_app
-from zq.config import Config
+from zq.cli import access as cli_access
+from zq.cli.journal import journal_app
+from zq.server.config import Config
 from zq.core.errors import ZqError
 
-from zq.cli_common import RET_CONNECT, RET_ERROR, RET_OK, RET_USAGE, EndpointOpt, client_for, endpoint_of, fail, message_json  # noqa: F401
+from zq.cli.common import RET_CONNECT, RET_ERROR, RET_OK, RET_USAGE, EndpointOpt, client_for, endpoint_of, fail, message_json  # noqa: F401
 
 app = typer.Typer(
     name="zq",
@@ -51,7 +51,7 @@ def keygen(
 
     Give the server its NAME.key_secret ([security] secret_key) and each client its own;
     put the clients' NAME.key files in the server's allowlist directory ([security] allow)."""
-    from zq.security import keygen as make_keys
+    from zq.keys import keygen as make_keys
 
     try:
         public, secret = make_keys(directory, name)
@@ -218,7 +218,7 @@ def stats(
         return
     from rich.console import Console
 
-    from zq.views import stats_table
+    from zq.cli.views import stats_table
 
     Console().print(stats_table(st))
 
@@ -271,7 +271,7 @@ def demo(
     data: Optional[str] = typer.Option(None, "--data", help="journal directory [default: a temporary one]"),
 ) -> None:
     """A whole fleet in one command: an embedded dispatcher, a publisher, workers, a summary."""
-    from zq.demo import run_demo
+    from zq.cli.demo import run_demo
 
     raise typer.Exit(run_demo(messages=messages, workers=workers, backlog=backlog, fail_rate=fail_rate, data=data))
 
@@ -283,7 +283,3 @@ def main() -> None:
 cli_access.register(app)
 cli_access.register_management(app)
 app.add_typer(journal_app, name="journal")
-
-
-if __name__ == "__main__":
-    main()

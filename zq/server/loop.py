@@ -28,7 +28,7 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.config import Config
+from zq.server.config import Config
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine
@@ -36,11 +36,11 @@ from zq.core.manage import BulkCursor
 from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
-from zq import admin
-from zq.ranges import RangeReader
-from zq.security import NotEntitledError, Rights, Security
-from zq.security import check as check_rights
-from zq.replay import Replayer
+from zq.server import admin
+from zq.server.ranges import RangeReader
+from zq.server.security import NotEntitledError, Rights, Security
+from zq.server.security import check as check_rights
+from zq.server.replay import Replayer
 
 log = logging.getLogger("zq.server")
 
@@ -201,7 +201,7 @@ class Server:
         self.snapshot: dict | None = None
         self.metrics = None
         if config.metrics:
-            from zq.metrics import serve_metrics
+            from zq.server.metrics import serve_metrics
 
             self.metrics = serve_metrics(self, config.metrics)
 
@@ -840,55 +840,3 @@ class Server:
 
     def queue_list(self) -> list[dict]:
         return [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()]
-
-
-class Dispatcher:
-    """zq embedded in a host process: the server loop on a background thread.
-
-    >>> d = Dispatcher(Config(data=tmp, bind=["tcp://127.0.0.1:0"])).start()  # doctest: +SKIP
-    >>> c = zq.connect(d.inproc)  # doctest: +SKIP
-    """
-
-    _serial = 0
-
-    def __init__(self, config: Config | None = None, *, context: zmq.Context | None = None) -> None:
-        self.config = config or Config()
-        Dispatcher._serial += 1
-        self.inproc = f"inproc://zq-{os.getpid()}-{Dispatcher._serial}"
-        self.ctx = context or zmq.Context.instance()
-        self.server: Server | None = None
-        self.thread: threading.Thread | None = None
-
-    @classmethod
-    def from_config(cls, path: str) -> "Dispatcher":
-        return cls(Config.load(path))
-
-    @property
-    def endpoints(self) -> list[str]:
-        assert self.server is not None, "start() the dispatcher first"
-        return self.server.endpoints
-
-    @property
-    def endpoint(self) -> str:
-        """The first non-inproc endpoint (what other processes connect to)."""
-        return next((e for e in self.endpoints if not e.startswith("inproc://")), self.inproc)
-
-    def start(self) -> "Dispatcher":
-        config = msgspec.structs.replace(self.config, bind=[*self.config.bind, self.inproc])
-        self.server = Server(config, context=self.ctx)
-        self.thread = threading.Thread(target=self.server.run, name="zq-dispatcher", daemon=True)
-        self.thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.server is not None and self.thread is not None:
-            self.server.stop()
-            self.thread.join(timeout)
-            if self.thread.is_alive():
-                raise RuntimeError("dispatcher thread did not stop in time")
-
-    def __enter__(self) -> "Dispatcher":
-        return self.start() if self.server is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -18,6 +18,7 @@ import msgspec
 from zq.core.records import Message
 
 PROTOCOL_VERSION = 1
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7780"  # where a dispatcher binds and clients connect, unless told
 
 
 class _Cmd(msgspec.Struct, array_like=True, gc=False, tag_field="t"):
@@ -121,7 +122,7 @@ class Replay(_Cmd, tag="replay"):
 
 
 class Admin(_Cmd, tag="admin"):
-    """An operator action (``zq.admin.OPERATIONS``): replace, ack-filter, purge, move,
+    """An operator action (``zq.server.admin.OPERATIONS``): replace, ack-filter, purge, move,
     redrive, groups, queue-create, queue-delete."""
 
     req: int
@@ -130,7 +131,7 @@ class Admin(_Cmd, tag="admin"):
 
 
 class Range(_Cmd, tag="range"):
-    """Stored records for analytics, answered by the reader thread (``zq.ranges``)."""
+    """Stored records for analytics, answered by the reader thread (``zq.server.ranges``)."""
 
     req: int
     kind: str = "messages"  # or "events"

@@ -27,11 +27,11 @@ from collections.abc import Iterable
 import zmq
 
 from zq import wire
-from zq.client import ConnectionLost, _chunks, _item, check_endpoint, error_from, open_session_socket
+from zq.client.client import ConnectionLost, _chunks, _item, check_endpoint, error_from, open_session_socket
 from zq.core import limits
 from zq.core.errors import LimitError
 from zq.core.settings import check_topic
-from zq.security import client_curve
+from zq.keys import client_curve
 
 __all__ = ["Publisher"]
 

@@ -40,7 +40,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError, ZqError
 from zq.core.settings import check_topic
-from zq.security import apply_client_curve, client_curve
+from zq.keys import apply_client_curve, client_curve
 
 log = logging.getLogger("zq.client")
 
@@ -385,7 +385,7 @@ class Client:
         server_key: Any = None,
     ) -> None:
         """``key`` / ``server_key``: CurveZMQ keys for a dispatcher with ``[security]``
-        (see ``zq.security.client_curve``; default ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``)."""
+        (see ``zq.keys.client_curve``; default ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``)."""
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         where = f"{socket.gethostname()}:{os.getpid()}"
@@ -590,7 +590,7 @@ class Client:
     # requests, about 0.3-1.5 s per 100,000 messages: they wait up to BULK_TIMEOUT_S.)
 
     def admin(self, op: str, timeout: float = 30.0, **args: object) -> object:
-        """Run an operator action (see ``zq.admin.OPERATIONS``); the methods below wrap it."""
+        """Run an operator action (see ``zq.server.admin.OPERATIONS``); the methods below wrap it."""
         return self._request(lambda req: wire.Admin(req, op, args), timeout=timeout)
 
     def ack_filter(self, queue: str, filter: str) -> int:
@@ -631,8 +631,8 @@ class Client:
         limit: int = 65_536,
         timeout: float = 60.0,
     ) -> "wire.Records":
-        """Stored records between two bookmarks (analytics; ``zq.ranges``): decode
-        ``.blob`` with ``zq.ranges.decode_messages`` / ``decode_events``; go on from
+        """Stored records between two bookmarks (analytics; ``zq.server.ranges``): decode
+        ``.blob`` with ``zq.wire.records.decode_messages`` / ``decode_events``; go on from
         ``.next`` until ``.done``."""
         return self._request(lambda req: wire.Range(req, kind, start, end, target, limit), timeout=timeout)
 
@@ -1035,7 +1035,7 @@ def _chunks(items: list) -> Iterator[list]:
 def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
                         curve: tuple[bytes, bytes, bytes] | None = None) -> zmq.Socket:
     """A DEALER to the dispatcher with HELLO sent: the start of every session.
-    ``curve``: CurveZMQ keys (``zq.security.client_curve``), or None for plaintext."""
+    ``curve``: CurveZMQ keys (``zq.keys.client_curve``), or None for plaintext."""
     sock = ctx.socket(zmq.DEALER)
     apply_client_curve(sock, curve)
     sock.setsockopt(zmq.LINGER, 2000)
@@ -1157,6 +1157,6 @@ def check_endpoint(endpoint: object) -> None:
 
 def connect(endpoint: str | None = None, **kw: Any) -> Client:
     """Connect to a dispatcher (default: ``$ZQ_ENDPOINT`` or ``tcp://127.0.0.1:7780``)."""
-    from zq.config import DEFAULT_ENDPOINT
+    from zq.wire import DEFAULT_ENDPOINT
 
     return Client(endpoint or os.environ.get("ZQ_ENDPOINT") or DEFAULT_ENDPOINT, **kw)

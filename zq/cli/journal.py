@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from zq.cli_common import RET_ERROR, RET_USAGE, fail
-from zq.config import DEFAULT_DATA, Config
+from zq.cli.common import RET_ERROR, RET_USAGE, fail
+from zq.server.config import DEFAULT_DATA, Config
 from zq.core.errors import ZqError
 
 journal_app = typer.Typer(help="Inspect, check and export a journal (safe beside a running server).",

@@ -8,7 +8,7 @@ import os
 
 import typer
 
-from zq.config import DEFAULT_ENDPOINT
+from zq.wire import DEFAULT_ENDPOINT
 
 RET_OK = 0
 RET_ERROR = 1

@@ -1,6 +1,6 @@
 """``zq demo``: an embedded dispatcher, a publisher and a fleet of worker processes.
 
-The workers are real processes (``python -m zq.demo worker ...``) talking ZeroMQ over
+The workers are real processes (``python -m zq.cli.demo worker ...``) talking ZeroMQ over
 loopback to the dispatcher, which runs on a thread of this process with its journal
 in a temporary directory. The summary comes from the dispatcher's own stats.
 """
@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zq.client import Client
-from zq.config import Config
+from zq.server.config import Config
 from zq.server import Dispatcher
 
 QUEUE = "demo.jobs"
@@ -37,7 +37,7 @@ def run_demo(*, messages: int, workers: int, backlog: int, fail_rate: float, dat
         console.print(f"[bold]zq demo[/]: dispatcher on {dispatcher.endpoint}, journal in {config.data}")
         for i in range(workers):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "zq.demo", "worker", dispatcher.endpoint, f"worker-{i + 1}", str(backlog), str(fail_rate)],
+                [sys.executable, "-m", "zq.cli.demo", "worker", dispatcher.endpoint, f"worker-{i + 1}", str(backlog), str(fail_rate)],
             ))
         with Client(dispatcher.inproc, name="demo-publisher") as client:
             wait_for_workers(client, workers)
@@ -131,4 +131,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     else:
-        sys.exit("usage: python -m zq.demo worker ENDPOINT NAME BACKLOG FAIL_RATE")
+        sys.exit("usage: python -m zq.cli.demo worker ENDPOINT NAME BACKLOG FAIL_RATE")

@@ -14,12 +14,12 @@ import msgspec
 
 from zq.core import limits
 from zq.core.errors import ConfigError
+from zq.wire import DEFAULT_ENDPOINT
 from zq.core.expr import DEFAULT_LIMITS, DEPTH_MAX, EXPR_CHARS_MAX, IN_LIST_MAX, ExprLimits
 from zq.core.regex import PatternError, compile_pattern
 from zq.core.settings import QueueSettings
-from zq.security import SecuritySection, check_section
+from zq.server.security import SecuritySection, check_section
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:7780"
 DEFAULT_DATA = "./zq-data"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -137,7 +137,7 @@ class Config(msgspec.Struct, kw_only=True):
     max_range_requests: int = 64
     expr_limits: ExprLimits = DEFAULT_LIMITS  # for expressions clients send
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
-    security: SecuritySection | None = None  # CurveZMQ (zq.security); None: plaintext, loopback advised
+    security: SecuritySection | None = None  # CurveZMQ (zq.server.security); None: plaintext, loopback advised
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":

@@ -39,9 +39,9 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client import (EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, check_endpoint, error_from,
+from zq.client.client import (EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, check_endpoint, error_from,
                        open_session_socket, send_settles)
-from zq.security import client_curve
+from zq.keys import client_curve
 
 log = logging.getLogger("zq.worker")
 

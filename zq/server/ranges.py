@@ -12,7 +12,7 @@ the loop to pass on. The loop's cost per request is two frame copies.
 
 The answer (RECORDS) carries the records exactly as stored, as one msgpack array in
 one binary field, plus each record's size: the executor parses every row of it at
-once (``zq.columnar``). The dispatcher never decodes or re-encodes records unless a
+once (``zq.spark.columnar``). The dispatcher never decodes or re-encodes records unless a
 topic filter needs the topic, and copies their bytes once, straight into the answer
 frame (``records_frame``), which then travels to the ROUTER socket without a copy.
 """
@@ -22,41 +22,20 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import struct
-import sys
 import threading
-from array import array
-from bisect import bisect_left
 from collections.abc import Callable
-from itertools import accumulate, islice
 
-import msgspec
 import zmq
 
 from zq import wire
-from zq.core import records as R
 from zq.core.errors import LimitError
 from zq.core.regex import compile_pattern
+from zq.journal.ranges import select_records
+from zq.wire.records import records_frame
 
 log = logging.getLogger("zq.ranges")
 
-RANGE_RECORDS_MAX = 65_536
-RANGE_BYTES_MAX = 16 * 1024 * 1024
 RANGE_REQUESTS_MAX = 64  # RANGE requests queued for the reader thread at once (all peers)
-
-
-def msgpack_array(raws: list[bytes]) -> bytes:
-    """Stored records as one msgpack array (header + the records' bytes)."""
-    return b"".join([_array_head(len(raws)), *raws])
-
-
-def _array_head(n: int) -> bytes:
-    return bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n) if n < 65536 else b"\xdd" + struct.pack(">I", n)
-
-
-def array_header_size(n: int) -> int:
-    """Bytes of the msgpack array header ``msgpack_array`` puts before ``n`` records."""
-    return 1 if n < 16 else 3 if n < 65536 else 5
 
 
 class RangeReader:
@@ -152,114 +131,3 @@ class RangeReader:
         return target  # an exact topic: select_records compares encoded bytes
 
 
-_KEY = struct.Struct(">Q")
-
-
-def select_records(
-    journal,  # type: ignore[no-untyped-def]
-    kind: str,
-    start: int,
-    end: int | None,
-    match: Callable[[str], bool] | str | None = None,
-    queue: str | None = None,
-    limit: int = RANGE_RECORDS_MAX,
-) -> tuple[list[bytes], int, bool]:
-    """The stored records of ``kind`` in [start, end), at most ``limit`` of them and
-    about ``RANGE_BYTES_MAX`` bytes; the next bookmark to read from; whether the range
-    is exhausted. One short read transaction.
-
-    The hot path runs in C: ``islice`` pulls the values from the cursor (keys are not
-    even materialised: every record starts with its own bookmark), the end bookmark is
-    found by bisecting, which decodes only the probed records' seqs, and the byte
-    limit by accumulating lengths. Only a topic or queue filter looks at records one
-    by one.
-    """
-    db = journal.msgs if kind == "messages" else journal.events
-    limit = max(1, min(limit, RANGE_RECORDS_MAX))
-    with journal.env.begin(db=db) as txn, txn.cursor() as cur:
-        raws = list(islice(cur.iternext(keys=False), limit)) if cur.set_range(_KEY.pack(max(start, 0))) else []
-    exhausted = len(raws) < limit
-    if end is not None and raws and record_seq(raws[-1]) >= end:
-        raws = raws[: bisect_left(raws, end, key=record_seq)]
-        exhausted = True
-    if sum(map(len, raws)) > RANGE_BYTES_MAX:
-        sizes = list(accumulate(map(len, raws)))
-        raws = raws[: max(1, bisect_left(sizes, RANGE_BYTES_MAX))]
-        exhausted = False
-    nxt = record_seq(raws[-1]) + 1 if raws else start
-    if isinstance(match, str):  # one exact topic: compare its encoded bytes in place
-        enc, w = msgspec.msgpack.encode(match), _UINT_WIDTH
-        raws = [v for v in raws if v.startswith(enc, 3 + (i := w[v[3]]) + w[v[3 + i]]) and v[1:3] == b"\xa1m"]
-    elif match is not None:
-        raws = [v for v in raws if match(record_topic(v))]
-    elif queue:
-        raws = [v for v in raws if R.event_decoder.decode(v).queue == queue]
-    if exhausted and end is not None:
-        nxt = max(nxt, end)
-    return raws, nxt, exhausted
-
-
-def record_sizes(raws: list[bytes]) -> bytes:
-    """Each record's size as a little-endian uint32."""
-    sizes = array("I", map(len, raws))
-    if sys.byteorder == "big":
-        sizes.byteswap()
-    return sizes.tobytes()
-
-
-def records_frame(req: int, kind: str, raws: list[bytes], nxt: int, done: bool) -> bytes:
-    """``wire.encode(wire.Records(req, kind, msgpack_array(raws), nxt, done, sizes))``
-    with the records copied once, not twice: the frame is joined from the encoded
-    fields around the records' own bytes. (Tested against ``wire.encode``.)"""
-    head = _array_head(len(raws))
-    n = len(head) + sum(map(len, raws))
-    bin_head = b"\xc4" + n.to_bytes(1, "big") if n < 256 else b"\xc5" + n.to_bytes(2, "big") if n < 65536 \
-        else b"\xc6" + n.to_bytes(4, "big")
-    front = msgspec.msgpack.encode(("records", req, kind))  # a 3-array: one header byte, dropped
-    back = msgspec.msgpack.encode((nxt, done, record_sizes(raws)))
-    return b"".join([b"\x97", front[1:], bin_head, head, *raws, back[1:]])
-
-
-def record_seq(raw: bytes) -> int:
-    """The bookmark of a stored record (message or event: ``[tag, seq, ...]``)."""
-    w = _UINT_WIDTH[raw[3]]
-    return raw[3] if w == 1 else int.from_bytes(raw[4 : 3 + w], "big")
-
-
-# Width in bytes of a msgpack unsigned int by its first byte (fixint 1, uint8..64).
-_UINT_WIDTH = [1] * 0x80 + [0] * 0x80
-_UINT_WIDTH[0xCC], _UINT_WIDTH[0xCD], _UINT_WIDTH[0xCE], _UINT_WIDTH[0xCF] = 2, 3, 5, 9
-
-
-def record_topic(raw: bytes) -> str:
-    """The topic of a stored message record without decoding the rest of it.
-
-    Layout (``records.Message``, array-like): array header, "m", seq, ts_ms, topic, ...
-    """
-    if raw[0] & 0xF0 != 0x90 or raw[1:3] != b"\xa1m":
-        return R.message_decoder.decode(raw).topic  # not the compact layout: decode it all
-    i = 3
-    i += _UINT_WIDTH[raw[i]] or 0
-    i += _UINT_WIDTH[raw[i]] or 0
-    b = raw[i]
-    if 0xA0 <= b <= 0xBF:
-        n, i = b & 0x1F, i + 1
-    elif b == 0xD9:
-        n, i = raw[i + 1], i + 2
-    elif b == 0xDA:
-        n, i = int.from_bytes(raw[i + 1 : i + 3], "big"), i + 3
-    else:
-        return R.message_decoder.decode(raw).topic
-    return raw[i : i + n].decode()
-
-
-def decode_messages(blob: bytes | memoryview) -> list[R.Message]:
-    return _MESSAGES.decode(blob)
-
-
-def decode_events(blob: bytes | memoryview) -> list[R.Event]:
-    return _EVENTS.decode(blob)
-
-
-_MESSAGES = msgspec.msgpack.Decoder(list[R.Message])
-_EVENTS = msgspec.msgpack.Decoder(list[R.Event])

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from zq.ranges import array_header_size
+from zq.wire.records import array_header_size
 
 # msgpack first byte -> width in bytes of an unsigned int's value after it (0: the
 # byte is the value, a positive fixint); -1: not an unsigned int.

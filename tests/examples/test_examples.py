@@ -1,0 +1,57 @@
+"""Every example in examples/ runs, as a user would run it, against a real `zq serve`
+(tiny sizes), and says what it showed. The Spark one is tested in tests/spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.adapters.support import ServerProcess, env
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+# example, its arguments, a line its output must hold
+CASES = [
+    ("worker_fleet.py", ["--jobs", "60", "--workers", "2"], "60 jobs done by 2 workers; exit codes [0, 0]"),
+    ("sequenced_groups.py", ["--customers", "3", "--orders", "6"], "every customer's orders in order"),
+    ("priority_queue.py", [], "highest first, oldest first within a priority"),
+    ("claims_long_poll.py", [], "claimed 5 in one request"),
+    ("asyncio_pubsub.py", ["--messages", "120"], "consumed 120 of 120, in publish order: True"),
+    ("dead_letters.py", [], "redrove 1; second pass: 1 paid, 0 failed"),
+    ("consume_exec.sh", [], "processed 12 images with 4 shell workers"),
+    ("embedded_dispatcher.py", ["--ticks", "200"], "each instrument in order: True"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = ServerProcess(tmp_path_factory.mktemp("examples")).start()
+    yield s
+    assert "Traceback" not in s.terminate()
+
+
+@pytest.mark.parametrize(("example", "args", "says"), CASES, ids=[c[0] for c in CASES])
+def test_the_example_runs_and_shows_what_it_says(server, example, args, says):
+    path = EXAMPLES / example
+    cmd = ["bash", str(path)] if example.endswith(".sh") else [sys.executable, str(path)]
+    e = env()
+    e["ZQ_ENDPOINT"] = server.endpoint
+    e["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), e.get("PATH", "")])  # the `zq` command
+    done = subprocess.run([*cmd, *args], env=e, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, f"{example} failed:\n{done.stdout}\n{done.stderr}"
+    assert says in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_every_example_is_tested_and_listed_in_the_readme():
+    tested = {c[0] for c in CASES} | {"spark_fleet.py"}
+    present = {p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh")}
+    assert present == tested, f"untested or missing: {present ^ tested}"
+    readme = (ROOT / "README.md").read_text()
+    for name in present:
+        assert f"examples/{name}" in readme, f"README does not link examples/{name}"

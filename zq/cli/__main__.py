@@ -1,0 +1,5 @@
+"""``python -m zq.cli``: the ``zq`` command."""
+
+from zq.cli.app import main
+
+main()

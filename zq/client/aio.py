@@ -1,0 +1,149 @@
+"""The asyncio client: the same shape as ``zq.Client``, awaitable.
+
+It shares the sync client's I/O thread (one socket owner); confirmations and
+replies arrive as futures wrapped for the event loop, deliveries are pushed into an
+``asyncio.Queue`` with ``call_soon_threadsafe``.
+
+    async with await zq.aio.connect(endpoint) as c:
+        await c.publish("jobs", b"x")
+        async with await c.subscribe("jobs", max_backlog=16) as sub:
+            async for msg in sub:
+                msg.ack()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from zq.client import Client, Message, Subscription
+
+
+class AsyncSubscription:
+    def __init__(self, sub: Subscription, queue: asyncio.Queue[list[Message]]) -> None:
+        self.sub = sub
+        self.queue = queue  # filled by the subscription's sink, set before it subscribed
+        self.local: list[Message] = []
+
+    @property
+    def backlog(self) -> int:
+        return self.sub.backlog
+
+    def __aiter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __anext__(self) -> Message:
+        while not self.local:
+            batch = await self.queue.get()
+            self.local = [m for m in batch if m._generation == self.sub.client.generation]
+            self.local.reverse()
+        return self.local.pop()
+
+    async def get(self, timeout: float | None = None) -> Message | None:
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages``: waits for the first, then takes what has arrived."""
+        first = await self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_messages:
+            if not self.local:
+                try:
+                    batch = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                self.local = [m for m in batch if m._generation == self.sub.client.generation]
+                self.local.reverse()
+                continue
+            out.append(self.local.pop())
+        return out
+
+    def ack_many(self, messages: list[Message]) -> None:
+        self.sub.ack_many(messages)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sub.close)
+
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def publish(self, topic: str, data: bytes | str, **kw: Any) -> int:
+        loop = asyncio.get_running_loop()
+        fut = await loop.run_in_executor(None, lambda: self.client.publish_async(topic, data, **kw))
+        done: asyncio.Future[int] = loop.create_future()
+
+        def settle(f) -> None:  # type: ignore[no-untyped-def]
+            exc = f.exception(0)
+            if exc is not None:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(exc))
+            else:
+                value = f.result(0)
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(value))
+
+        fut.add_done_callback(settle)
+        return await done
+
+    async def publish_many(self, topic: str, messages: list[bytes | str], **kw: Any) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self.client.publish_many(topic, messages, **kw))
+
+    async def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> AsyncSubscription:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[list[Message]] = asyncio.Queue()
+
+        def sink(batch: list[Message]) -> None:  # on the client's I/O thread
+            loop.call_soon_threadsafe(inbox.put_nowait, batch)
+
+        sub = await loop.run_in_executor(
+            None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter, sink=sink))
+        return AsyncSubscription(sub, inbox)
+
+    async def stats(self) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)
+
+    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        method = getattr(self.client, name)
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: method(*args, **kw))
+
+    # Request/answer operations: the sync client's, awaited off the event loop.
+    async def peek(self, queue: str, limit: int = 100, filter: str | None = None) -> list[dict]:
+        return await self._call("peek", queue, limit, filter)
+
+    async def query(self, queue: str, **kw: Any) -> list[dict]:
+        return await self._call("query", queue, **kw)
+
+    async def claim(self, queue: str, **kw: Any) -> list[Message]:
+        """A long poll that does not block the event loop."""
+        return await self._call("claim", queue, **kw)
+
+    async def admin(self, op: str, **args: Any) -> Any:
+        return await self._call("admin", op, **args)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.client.close)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def connect(endpoint: str | None = None, **kw: Any) -> AsyncClient:
+    from zq.client import connect as sync_connect
+
+    loop = asyncio.get_running_loop()
+    return AsyncClient(await loop.run_in_executor(None, lambda: sync_connect(endpoint, **kw)))
