@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from zq.client import Client, Message, Subscription
+from zq.client.client import Client
+from zq.client.messages import Message, Subscription
 
 
 class AsyncSubscription:

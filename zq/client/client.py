@@ -21,351 +21,49 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import math
 import os
-import queue as queue_mod
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import zmq
 
 from zq import wire
 from zq.core import limits
-from zq.core import records as R
 from zq.core.errors import LimitError, ZqError
 from zq.core.settings import check_topic
-from zq.keys import apply_client_curve, client_curve
+from zq.client.messages import (
+    _END,
+    ACK_DELAY,
+    Message,
+    PublishBatch,
+    PublishFuture,
+    Replay,
+    Subscription,
+)
+from zq.client.session import (
+    ConnectionLost,
+    Outgoing,
+    check_endpoint,
+    drain_frames,
+    duration_arg,
+    encode_command,
+    error_from,
+    open_session_socket,
+    publish_chunks,
+    send_settles,
+    wire_item,
+)
+from zq.keys import client_curve
 
 log = logging.getLogger("zq.client")
 
-# Plain ints: ``getsockopt(zmq.EVENTS) & zmq.POLLIN`` builds an enum member per call.
-EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
-
-ACK_DELAY = 0.001  # seconds an ack may wait to share a frame with others
-
-ERRORS: dict[str, type[ZqError]] = {}
-
-
-def _error_types() -> dict[str, type[ZqError]]:
-    if not ERRORS:
-        from zq.core import errors
-
-        for name in dir(errors):
-            obj = getattr(errors, name)
-            if isinstance(obj, type) and issubclass(obj, ZqError):
-                ERRORS[obj.code] = obj
-    return ERRORS
-
-
-def error_from(code: str, message: str) -> ZqError:
-    return _error_types().get(code, ZqError)(message)
-
-
 BULK_TIMEOUT_S = 600.0  # how long a bulk operator action may take (see Client.purge)
-
-
-class ConnectionLost(ZqError):
-    code = "connection"
-
-
-class PublishBatch:
-    """The messages of one PUBLISH frame: one wait object for all of them."""
-
-    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order")
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.order = 0  # its place in the client's order of calls, once sealed
-        self.items: list[tuple[bytes, dict[str, str], str | None]] = []
-        self.size = 0
-        self.event = threading.Event()
-        self.bookmarks: list[int] | None = None
-        self.error: BaseException | None = None
-        self.callbacks: list[tuple[Callable[[Any], None], Any]] = []
-
-    def settle(self, bookmarks: list[int] | None, error: BaseException | None) -> None:
-        if self.event.is_set():
-            return
-        self.bookmarks, self.error = bookmarks, error
-        self.event.set()
-        for fn, fut in self.callbacks:
-            try:
-                fn(fut)
-            except Exception:  # pragma: no cover - a user callback failed
-                log.exception("publish callback failed")
-        self.callbacks = []
-
-
-class PublishFuture:
-    """The bookmark of one published message, when it is durable.
-
-    The subset of ``concurrent.futures.Future`` that publishing needs (``result``,
-    ``exception``, ``done``, ``add_done_callback``), without a lock and a condition
-    per message: all messages of a frame share one ``PublishBatch``.
-    """
-
-    __slots__ = ("batch", "index")
-
-    def __init__(self, batch: PublishBatch, index: int) -> None:
-        self.batch = batch
-        self.index = index
-
-    def done(self) -> bool:
-        return self.batch.event.is_set()
-
-    def result(self, timeout: float | None = None) -> int:
-        if not self.batch.event.wait(timeout):
-            raise TimeoutError("publish not confirmed in time")
-        if self.batch.error is not None:
-            raise self.batch.error
-        assert self.batch.bookmarks is not None
-        return self.batch.bookmarks[self.index]
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self.batch.event.wait(timeout):
-            raise TimeoutError("publish not confirmed in time")
-        return self.batch.error
-
-    def add_done_callback(self, fn: Callable[["PublishFuture"], None]) -> None:
-        batch = self.batch
-        if batch.event.is_set():
-            fn(self)
-            return
-        batch.callbacks.append((fn, self))
-        if batch.event.is_set() and batch.callbacks:  # settled meanwhile: run what is left
-            callbacks, batch.callbacks = batch.callbacks, []
-            for cb, fut in callbacks:
-                cb(fut)
-
-
-class Message:
-    """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
-
-    __slots__ = ("data", "bookmark", "topic", "headers", "deliveries", "ts_ms", "msg_id", "_sub", "_generation")
-
-    def __init__(self, record: "R.Message", deliveries: int, sub: "Subscription", generation: int) -> None:
-        self.data: bytes = record.payload
-        self.bookmark: int = record.seq
-        self.topic: str = record.topic
-        self.headers: dict[str, str] = record.headers
-        self.deliveries: int = deliveries
-        self.ts_ms: int = record.ts_ms
-        self.msg_id: str | None = record.msg_id
-        self._sub = sub
-        self._generation = generation
-
-    @property
-    def group(self) -> str | None:
-        return self.headers.get("group")
-
-    def ack(self) -> None:
-        if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
-            self._sub._settle("ack", self)
-
-    def cancel(self) -> None:
-        if self.deliveries:
-            self._sub._settle("cancel", self)
-
-    def expire(self) -> None:
-        if self.deliveries:
-            self._sub._settle("expire", self)
-
-    def extend(self, seconds: float) -> None:
-        self._sub._extend(self, duration_arg(seconds, "extend"))
-
-    def __repr__(self) -> str:
-        return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
-
-
-_END = object()  # in a replay's inbox: its END arrived; nothing follows
-
-
-class MessageStream:
-    """``for msg in sub``: each step is a ``get()`` with no timeout."""
-
-    def get(self, timeout: float | None = None) -> Message | None:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[Message]:
-        return self
-
-    def __next__(self) -> Message:
-        msg = self.get()
-        assert msg is not None
-        return msg
-
-
-class Subscription(MessageStream):
-    """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
-
-    def __init__(self, client: "Client", sub_id: str, queue: str, max_backlog: int, filter: str | None = None) -> None:
-        self.client = client
-        self.sub_id = sub_id
-        self.queue = queue
-        self.max_backlog = max_backlog
-        self.filter = filter
-        self.backlog = 0  # granted by the server
-        self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
-        self.local: collections.deque[Message] = collections.deque()
-        # op, bookmark, generation, place in the client's order of calls (``Client._order``)
-        self.settle: collections.deque[tuple[str, int, int, int]] = collections.deque()
-        self.refused = 0
-        self.closed = False
-        self.ended = False  # a replay reached its END
-        self.sink: Callable[[list[Message]], None] | None = None
-        # I/O-thread-only counters: messages received, settles sent (this session).
-        self.received = 0
-        self.settles_taken = 0
-        self.settle_since = 0.0  # when the oldest unsent settle was first seen
-
-    def get(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None when ``timeout`` seconds pass without one."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.local:
-            if self.closed or self.ended:
-                raise StopIteration
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
-            except queue_mod.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            if not self._take(item):  # a replay's END: everything before it was taken
-                self.ended = True
-                raise StopIteration
-        return self.local.popleft()
-
-    def _take(self, item: tuple[int, list[tuple[R.Message, int]]] | None | object) -> bool:
-        """Move an inbox item's messages into ``local``; False for a replay's END."""
-        if item is _END:
-            return False
-        if item is not None:
-            generation, batch = item  # type: ignore[misc]
-            if generation == self.client.generation:  # else: a session that is gone; redelivered
-                self.local.extend(Message(r, n, self, generation) for r, n in batch)
-        return True
-
-    def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
-        """Up to ``max_messages`` messages: waits (up to ``timeout``) for the first, then
-        takes what has already arrived, without waiting for more. Empty on timeout.
-
-        With ``ack_many`` this is the batch path (as SQS ReceiveMessage or a NATS fetch):
-        one call and one settle per batch instead of one per message."""
-        first = self.get(timeout)
-        if first is None:
-            return []
-        out = [first]
-        local = self.local
-        while len(out) < max_messages:
-            if local:
-                out.append(local.popleft())
-                continue
-            try:
-                item = self.inbox.get_nowait()
-            except queue_mod.Empty:
-                break
-            if not self._take(item):
-                self.inbox.put(_END)  # the next get() ends the iteration
-                break
-        return out
-
-    def ack_many(self, messages: Iterable[Message]) -> None:
-        """Acknowledge several messages with one wake-up of the I/O thread."""
-        self._settle_many("ack", messages)
-
-    def cancel_many(self, messages: Iterable[Message]) -> None:
-        self._settle_many("cancel", messages)
-
-    def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
-        settle, order = self.settle, self.client._order
-        settle.extend((op, m.bookmark, m._generation, next(order)) for m in messages if m.deliveries)
-        if settle:
-            self.client._wake()
-
-    def _settle(self, op: str, msg: Message) -> None:
-        """Queue a settle; wake the I/O thread only when it may have to act: on the first
-        unsent settle (it then polls every ACK_DELAY), when the user has taken everything
-        received so far, or at half the backlog (``Client._settle_due`` decides)."""
-        first = not self.settle
-        self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order)))
-        if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
-            self.client._wake()
-
-    def replace(self, *, filter: str | None | type = ..., max_backlog: int | None = None, queue: str | None = None) -> int:
-        """Change this subscription's filter, backlog or queue at once, keeping its leases.
-
-        Returns the backlog granted (recomputed as on subscribe). ``filter=None``
-        removes the filter; leaving it out keeps the current one.
-        """
-        new_filter = self.filter if filter is ... else filter
-        new_backlog = max_backlog or self.max_backlog
-        new_queue = queue or self.queue
-        self.backlog = self.client.admin("replace", sub=self.sub_id, queue=new_queue, max_backlog=new_backlog,
-                                         filter=new_filter)
-        self.filter, self.max_backlog, self.queue = new_filter, new_backlog, new_queue  # type: ignore[assignment]
-        return self.backlog
-
-    def ack_unleased(self, bookmarks: list[int]) -> None:
-        """Acknowledge messages this subscription was not given, by bookmark, on a queue
-        with ``allow_ack_unleased`` (work done another way; a message still in a
-        TargetQueueDepth queue's journal-only part). Bookmarks the queue cannot take
-        are ignored by the server."""
-        self.client._submit(wire.Ack(self.sub_id, [bookmark_arg(b) for b in bookmarks]))
-
-    def _extend(self, msg: Message, ms: int) -> None:
-        self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.client._flush_and_wait()
-        self.closed = True
-        self.inbox.put(None)
-        try:
-            self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
-        except ZqError:
-            pass
-        self.client._subs.pop(self.sub_id, None)
-
-    def __enter__(self) -> "Subscription":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class Replay(Subscription):
-    """A journal replay: iterate to read; taking a message returns its window slot.
-
-    No acks are needed (or possible): a replay has no queue semantics. After a
-    reconnect it resumes after the last message taken.
-    """
-
-    def __init__(self, client: "Client", sub_id: str, cmd: wire.Replay) -> None:
-        super().__init__(client, sub_id, cmd.target, 0)
-        self.cmd = cmd
-        self.last: int | None = None
-
-    def get(self, timeout: float | None = None) -> Message | None:
-        msg = super().get(timeout)
-        if msg is not None:
-            self.last = msg.bookmark
-            # window credit, not an ack of the message
-            self.settle.append(("ack", msg.bookmark, msg._generation, next(self.client._order)))
-            self.client._wake()
-        return msg
-
-    def resume_command(self, req: int) -> wire.Replay:
-        start = self.cmd.start if self.last is None else self.last + 1
-        start_ms = self.cmd.start_ms if self.last is None else None
-        return msgspec.structs.replace(self.cmd, req=req, start=start, start_ms=start_ms)
 
 
 class Client:
@@ -459,7 +157,7 @@ class Client:
             check_topic(topic)
             if len(self._topics_checked) < 1024:
                 self._topics_checked.add(topic)
-        item = _item(data, group, priority, msg_id, headers)
+        item = wire_item(data, group, priority, msg_id, headers)
         if len(item[0]) > self.max_message_bytes:
             self._check_size(item)
         with self._publish_lock:
@@ -489,16 +187,16 @@ class Client:
         """Like ``publish_many`` without waiting: one future of bookmarks per frame sent."""
         self._check_open()
         check_topic(topic)
-        items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
+        items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
         for item in items:
             self._check_size(item)
-        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in publish_chunks(items)]
 
     def publish_records_async(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> list[Future]:
         """Pre-built ``(payload, headers, msg_id)`` messages (writers with their own ids);
         one future of bookmarks per frame sent."""
         self._check_open()
-        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in _chunks(items)]
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in publish_chunks(items)]
 
     def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0,
                   sink: Callable[[list[Message]], None] | None = None) -> Subscription:
@@ -800,7 +498,7 @@ class Client:
             except BlockingIOError:
                 pass
             now = time.monotonic()
-            for frame in _drain(sock):
+            for frame in drain_frames(sock):
                 last_heard = now
                 outcome = self._on_frame(sock, frame)
                 if outcome == "welcome":
@@ -950,7 +648,7 @@ class Client:
 
     def _send_batch(self, sock: zmq.Socket, batch: PublishBatch) -> bool:
         req = next(self._reqs)
-        frame = wire.encode(wire.Publish(req, batch.topic, batch.items))  # items were checked by _item
+        frame = wire.encode(wire.Publish(req, batch.topic, batch.items))  # items were checked by wire_item
         self._publishes[req] = (batch, frame)
         sock.send(frame)
         return True
@@ -1016,143 +714,6 @@ class Client:
             self._welcome.set_exception(exc)
         while self._flush_waiters:
             self._flush_waiters.popleft().set_exception(exc)
-
-
-def _chunks(items: list) -> Iterator[list]:
-    """Publish batches of at most PUBLISH_BATCH_MAX messages and about PUBLISH_BATCH_BYTES."""
-    chunk: list = []
-    size = 0
-    for item in items:
-        if chunk and (len(chunk) >= limits.PUBLISH_BATCH_MAX or size + len(item[0]) > limits.PUBLISH_BATCH_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += len(item[0])
-    if chunk:
-        yield chunk
-
-
-def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
-                        curve: tuple[bytes, bytes, bytes] | None = None) -> zmq.Socket:
-    """A DEALER to the dispatcher with HELLO sent: the start of every session.
-    ``curve``: CurveZMQ keys (``zq.keys.client_curve``), or None for plaintext."""
-    sock = ctx.socket(zmq.DEALER)
-    apply_client_curve(sock, curve)
-    sock.setsockopt(zmq.LINGER, 2000)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(endpoint)
-    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
-    return sock
-
-
-_SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
-
-
-def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int]]) -> bool:
-    """``(op, bookmark)`` settles of one subscription as one frame per op; False if none."""
-    by_op: dict[str, list[int]] = {}
-    for op, bookmark in settles:
-        by_op.setdefault(op, []).append(bookmark)
-    for op, bookmarks in by_op.items():
-        sock.send(wire.encode(_SETTLE_COMMANDS[op](sub_id, bookmarks)))
-    return bool(by_op)
-
-
-def _drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
-    for _ in range(limit):
-        if not sock.getsockopt(EVENTS) & POLLIN:
-            return  # nothing waiting: ask, rather than pay for a raised zmq.Again
-        try:
-            yield sock.recv(NOBLOCK)
-        except zmq.Again:
-            return
-
-
-def _item(
-    data: bytes | str, group: str | None, priority: int | None, msg_id: str | None, headers: dict[str, str] | None
-) -> tuple[bytes, dict[str, str], str | None]:
-    """One message as the wire carries it, checked in the caller's thread: a value that
-    cannot travel is a clear error here, not a silent failure later."""
-    if isinstance(data, str):
-        payload = data.encode()
-    elif isinstance(data, (bytes, bytearray, memoryview)):
-        payload = bytes(data)
-    else:
-        raise TypeError(f"message data must be bytes or str, got {type(data).__name__}")
-    h: dict[str, str] = {}
-    if headers:
-        if not isinstance(headers, dict):
-            raise TypeError(f"headers must be a dict of str to str, got {type(headers).__name__}")
-        for k, v in headers.items():
-            if type(k) is not str or type(v) is not str:
-                raise TypeError(f"header {k!r}: names and values must be str, got {type(v).__name__} "
-                                f"{v!r:.40} (write str(value))")
-            h[k] = v
-    if group is not None:
-        h["group"] = str(group)
-    if priority is not None:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        h["priority"] = str(priority)
-    if msg_id is not None and type(msg_id) is not str:
-        raise TypeError(f"msg_id must be a str, got {type(msg_id).__name__}")
-    return (payload, h, msg_id)
-
-
-class Outgoing(NamedTuple):
-    """A call queued for the I/O thread: encoded in the caller's thread, sent in order."""
-
-    req: int
-    cmd: object
-    frame: bytes
-    fut: Future | None
-    order: int
-
-
-def encode_command(cmd: object) -> bytes:
-    """Encode a client command, or raise ValueError naming what cannot travel.
-
-    msgspec encodes whatever a field holds; decoding our own frame checks each field
-    against the protocol's types (wire.client_decoder), as the dispatcher will."""
-    try:
-        frame = wire.encode(cmd)
-    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-        raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
-    if type(cmd) is not wire.Publish:  # publishes are checked message by message (_item)
-        try:
-            wire.client_decoder.decode(frame)
-        except msgspec.MsgspecError as exc:
-            raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
-    return frame
-
-
-def bookmark_arg(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
-        raise ValueError(f"a bookmark is an int 0..2**64-1, got {value!r:.40}")
-    return value
-
-
-def duration_arg(seconds: object, what: str, *, allow_zero: bool = False) -> int:
-    """Seconds from the caller as whole milliseconds in 1 (or 0) .. 100 years."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"{what}: seconds must be a number, got {type(seconds).__name__}")
-    if not math.isfinite(seconds) or not (0 if allow_zero else 0.001) <= seconds <= limits.DURATION_MS_MAX / 1000:
-        raise ValueError(f"{what}: {seconds!r} seconds is out of range "
-                         f"({'0' if allow_zero else '0.001'}..{limits.DURATION_MS_MAX // 1000})")
-    return int(seconds * 1000)
-
-
-_SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")
-
-
-def check_endpoint(endpoint: object) -> None:
-    """Refuse an endpoint libzmq would choke on, in the caller's thread."""
-    if not isinstance(endpoint, str) or not endpoint:
-        raise ValueError(f"an endpoint is a string such as tcp://127.0.0.1:7780, got {endpoint!r}")
-    for part in endpoint.split(","):
-        if not part.strip().startswith(_SCHEMES):
-            raise ValueError(f"endpoint {part.strip()!r} has no transport: write tcp://{part.strip()} "
-                             f"(or ipc://, inproc://)")
 
 
 def connect(endpoint: str | None = None, **kw: Any) -> Client:

@@ -27,7 +27,14 @@ from collections.abc import Iterable
 import zmq
 
 from zq import wire
-from zq.client.client import ConnectionLost, _chunks, _item, check_endpoint, error_from, open_session_socket
+from zq.client.session import (
+    ConnectionLost,
+    check_endpoint,
+    error_from,
+    open_session_socket,
+    publish_chunks,
+    wire_item,
+)
 from zq.core import limits
 from zq.core.errors import LimitError
 from zq.core.settings import check_topic
@@ -67,13 +74,13 @@ class Publisher:
     def publish(self, topic: str, data: bytes | str, *, group: str | None = None, priority: int | None = None,
                 msg_id: str | None = None, headers: dict[str, str] | None = None, timeout: float = 30.0) -> int:
         """Publish one message; returns its bookmark once it is durable."""
-        return self._publish(topic, [_item(data, group, priority, msg_id, headers)], timeout)[0]
+        return self._publish(topic, [wire_item(data, group, priority, msg_id, headers)], timeout)[0]
 
     def publish_many(self, topic: str, messages: Iterable[bytes | str], *, timeout: float = 60.0,
                      **kw: object) -> list[int]:
         """Publish a batch (frames of up to ``PUBLISH_BATCH_MAX``, ``window`` of them in
         flight); returns the bookmarks in order."""
-        items = [_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]  # type: ignore[arg-type]
+        items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]  # type: ignore[arg-type]
         return self._publish(topic, items, timeout)
 
     def close(self) -> None:
@@ -105,7 +112,7 @@ class Publisher:
                 raise LimitError(f"message of {len(item[0]):,} bytes is over the dispatcher's limit of "
                                  f"{self.max_message_bytes:,} bytes (server.max_message_size)")
         deadline = time.monotonic() + timeout
-        chunks = list(_chunks(items))
+        chunks = list(publish_chunks(items))
         results: list[list[int] | None] = [None] * len(chunks)
         while True:
             try:

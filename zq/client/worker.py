@@ -39,8 +39,17 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client.client import (EVENTS, NOBLOCK, POLLIN, ConnectionLost, Message, MessageStream, check_endpoint, error_from,
-                       open_session_socket, send_settles)
+from zq.client.messages import Message, MessageStream
+from zq.client.session import (
+    EVENTS,
+    NOBLOCK,
+    POLLIN,
+    ConnectionLost,
+    check_endpoint,
+    error_from,
+    open_session_socket,
+    send_settles,
+)
 from zq.keys import client_curve
 
 log = logging.getLogger("zq.worker")

@@ -9,16 +9,23 @@ slice per loop iteration and answers its total when the last slice is done.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from zq.server.config import QueueSection, queue_settings
+from zq.core.engine import Engine
 from zq.core.errors import ProtocolError
+from zq.core.manage import BulkCursor
+from zq.server.config import QueueSection, queue_settings
+from zq.server.sessions import Peer, sub_key
 
-if TYPE_CHECKING:
-    from zq.core.manage import BulkCursor
-    from zq.server import Peer, Server
+
+class AdminHost(Protocol):
+    """What an operation needs of the dispatcher (the loop passes itself)."""
+
+    engine: Engine
+
+    def configured_queue(self, name: str) -> bool: ...
 
 
 class Bulk(NamedTuple):
@@ -66,43 +73,43 @@ class QueueDeleteArgs(Args):
     name: str
 
 
-def replace(server: Server, peer: Peer, a: ReplaceArgs, now: int) -> Any:
+def replace(server: AdminHost, peer: Peer, a: ReplaceArgs, now: int) -> Any:
     if a.sub not in peer.subs:
         raise ProtocolError(f"no subscription {a.sub!r} on this connection")
-    return server.engine.replace(server.sub_key(peer, a.sub), a.queue, a.max_backlog, a.filter, now)
+    return server.engine.replace(sub_key(peer, a.sub), a.queue, a.max_backlog, a.filter, now)
 
 
-def ack_filter(server: Server, peer: Peer, a: AckFilterArgs, now: int) -> Any:
+def ack_filter(server: AdminHost, peer: Peer, a: AckFilterArgs, now: int) -> Any:
     consumer = peer.consumer
     return Bulk("ack-filter", lambda c, now: server.engine.ack_filter(a.queue, a.filter, consumer, now, cursor=c))
 
 
-def purge(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
+def purge(server: AdminHost, peer: Peer, a: QueueArgs, now: int) -> Any:
     return Bulk("purge", lambda c, now: server.engine.purge(a.queue, now, filter=a.filter, group=a.group, cursor=c))
 
 
-def move(server: Server, peer: Peer, a: MoveArgs, now: int) -> Any:
+def move(server: AdminHost, peer: Peer, a: MoveArgs, now: int) -> Any:
     return Bulk("move", lambda c, now: server.engine.move(a.queue, a.to, now, filter=a.filter, group=a.group,
                                                          cursor=c))
 
 
-def redrive(server: Server, peer: Peer, a: QueueArgs, now: int) -> Any:
+def redrive(server: AdminHost, peer: Peer, a: QueueArgs, now: int) -> Any:
     if a.group is not None:
         raise ProtocolError("redrive takes a filter, not a group")
     return Bulk("redrive", lambda c, now: server.engine.redrive(a.queue, now, filter=a.filter, cursor=c))
 
 
-def groups(server: Server, peer: Peer, a: GroupsArgs, now: int) -> Any:
+def groups(server: AdminHost, peer: Peer, a: GroupsArgs, now: int) -> Any:
     return server.engine.group_list(a.queue, a.limit)
 
 
-def queue_create(server: Server, peer: Peer, a: QueueSection, now: int) -> Any:
+def queue_create(server: AdminHost, peer: Peer, a: QueueSection, now: int) -> Any:
     settings = queue_settings(a, f"queue {a.name!r}")
     server.engine.declare_queue(settings, server.configured_queue)
     return msgspec.to_builtins(server.engine.queues[a.name].settings)
 
 
-def queue_delete(server: Server, peer: Peer, a: QueueDeleteArgs, now: int) -> Any:
+def queue_delete(server: AdminHost, peer: Peer, a: QueueDeleteArgs, now: int) -> Any:
     return server.engine.delete_queue(a.name, server.configured_queue, now)
 
 
@@ -118,13 +125,13 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
 }
 
 
-def run(server: Server, peer: Peer, op: str, args: dict, now: int) -> Any:
+def run(server: AdminHost, peer: Peer, op: str, args: dict, now: int) -> Any:
     spec = OPERATIONS.get(op)
     if spec is None:
         raise ProtocolError(f"unknown admin operation {op!r} (known: {', '.join(sorted(OPERATIONS))})")
     kind, fn = spec
     try:
-        parsed = msgspec.convert(args, type=kind)
+        parsed: Any = msgspec.convert(args, type=kind)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"{op}: {exc}") from None
     return fn(server, peer, parsed, now)

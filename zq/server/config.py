@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from typing import Any
 from pathlib import Path
 
 import msgspec
@@ -215,7 +216,7 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
             compile_pattern(q.topics)
         except PatternError as exc:
             raise ConfigError(f"{where}.topics: {q.topics[:80]!r}: {exc}") from None
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for key in QueueSection.__struct_fields__:  # same-named keys copy; units are converted
         value = getattr(q, key)
         if key in _CONVERTED:

@@ -21,8 +21,6 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import zmq
@@ -32,15 +30,15 @@ from zq.server.config import Config
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine
-from zq.core.manage import BulkCursor
-from zq.core.errors import JournalError, LimitError, ProtocolError, ZqError
+from zq.core.errors import JournalError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
-from zq.server import admin
+from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.ranges import RangeReader
-from zq.server.security import NotEntitledError, Rights, Security
-from zq.server.security import check as check_rights
 from zq.server.replay import Replayer
+from zq.server.security import Rights, Security
+from zq.server.sessions import Peer, is_local, sub_key, wall_ms
+from zq.server.stats import Stats
 
 log = logging.getLogger("zq.server")
 
@@ -54,73 +52,18 @@ _RCVMORE = int(zmq.RCVMORE)
 RETENTION_INTERVAL_MS = 10_000
 JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tried again
 JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is called "disk full"
-PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
 # What one loop iteration does, in order: the watchdog keeps the split of the longest.
 LOOP_PHASES = ("receive", "bulk+ranges", "engine", "append", "commit+send", "claims+replay", "heartbeat+retention")
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
-CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
-SERVER_NAME = "zq/0.1.0"
 CONFIRM_TAG = wire.encode(wire.Confirm(0, []))[1:9]  # a CONFIRM frame's tag, as encoded: fixstr "confirm"
-INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
 
 
-# Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
-ENTITLEMENT_OF: dict[type, tuple[str, str]] = {
-    wire.Publish: ("publish", "topic"),
-    wire.Subscribe: ("consume", "queue"),
-    wire.Claim: ("claim", "queue"),
-    wire.Peek: ("browse", "queue"),
-    wire.QueryCmd: ("browse", "queue"),
-    wire.Replay: ("browse", "target"),
-    wire.Range: ("browse", "target"),
-    wire.Admin: ("admin", "op"),
-}
+class Server(Commands, Stats):
+    """A dispatcher bound to its endpoints; ``run()`` serves until ``stop()``.
 
-
-def is_local(endpoint: str) -> bool:
-    """Does this endpoint accept connections from this host only?"""
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return True
-    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
-
-
-def check_sub_id(sub: str) -> None:
-    if not sub or len(sub) > limits.NAME_BYTES_MAX or len(sub.encode()) > limits.NAME_BYTES_MAX:
-        raise ProtocolError(f"a subscription id must be 1..{limits.NAME_BYTES_MAX} bytes")
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Peer:
-    peer_id: bytes
-    name: str
-    last_heard_ms: int
-    subs: set[str] = field(default_factory=set)  # client sub ids
-    published: int = 0
-    rights: Rights | None = None  # with security on: what this client's key may do
-
-    @property
-    def consumer(self) -> str:
-        return self.peer_id.hex()
-
-
-@dataclass
-class BulkAction:
-    """A purge / move / ack-filter / redrive under way, answered when its last slice is done."""
-
-    peer_id: bytes
-    req: int
-    bulk: admin.Bulk
-    cursor: BulkCursor
-    total: int = 0
-
-
-class Server:
-    """A dispatcher bound to its endpoints; ``run()`` serves until ``stop()``."""
+    This class is the loop: sockets, the journal's commits, what is held until them,
+    heartbeats and upkeep. What each command does is ``Commands`` (``commands.py``),
+    what STATS reports is ``Stats`` (``stats.py``)."""
 
     def __init__(self, config: Config, *, context: zmq.Context | None = None) -> None:
         self.config = config
@@ -203,7 +146,7 @@ class Server:
         if config.metrics:
             from zq.server.metrics import serve_metrics
 
-            self.metrics = serve_metrics(self, config.metrics)
+            self.metrics = serve_metrics(lambda: self.snapshot, config.metrics)
 
     # ----------------------------------------------------------- lifecycle
 
@@ -333,7 +276,7 @@ class Server:
         except JournalError as exc:
             self.journal_failed(exc, now)
             for i, (held, deliveries) in enumerate(self.deferred):
-                keep = []
+                keep: list[tuple[bytes, bytes, bool]] = []
                 for peer_id, frame, durable in held:
                     if not durable:
                         self.send(peer_id, frame)  # answers that promise nothing leave now
@@ -423,7 +366,7 @@ class Server:
         try:
             if self.security is not None:
                 self.entitled(peer, cmd, user)
-            self.dispatch_command(peer_id, peer, cmd, now)
+            HANDLERS[type(cmd)](self, peer_id, peer, cmd, now)
         except ZqError as exc:
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
         except Exception as exc:  # noqa: BLE001 -- the safety net: one peer's frame never ends the dispatcher
@@ -441,167 +384,7 @@ class Server:
         if took_ms > self.slowest_command[0]:
             self.slowest_command = (took_ms, what)
 
-    # ------------------------------------------------------- bulk actions
-
-    def start_bulk(self, peer_id: bytes, req: int, bulk: admin.Bulk, now: int) -> None:
-        """Run a bulk action's first slice now; a small queue's answer leaves this iteration."""
-        if len(self.bulk_actions) >= limits.BULK_ACTIONS_MAX:
-            raise LimitError(f"{limits.BULK_ACTIONS_MAX} purges / moves / ack-filters / redrives are under way; "
-                             "try again when one ends")
-        action = BulkAction(peer_id, req, bulk, self.engine.bulk_cursor())
-        action.total += bulk.step(action.cursor, now)  # errors here are the request's: answered as usual
-        if action.cursor.done:
-            self.reply(peer_id, wire.Reply(req, action.total), durable=True)
-        else:
-            self.bulk_actions.append(action)
-
-    def run_bulk(self, now: int) -> None:
-        """One slice of the oldest bulk action (they take turns), answered when done."""
-        action = self.bulk_actions.popleft()
-        started = time.perf_counter()
-        try:
-            action.total += action.bulk.step(action.cursor, now)
-        except ZqError as exc:  # the queue was deleted under it, say
-            self.reply(action.peer_id, wire.Error(action.req, exc.code, f"{action.bulk.name} stopped after "
-                                                  f"{action.total} messages: {str(exc)[:1900]}"), durable=True)
-            return
-        except Exception as exc:  # noqa: BLE001 -- the safety net, as for commands
-            self.internal_errors += 1
-            log.exception("internal error in a slice of %s", action.bulk.name)
-            self.reply(action.peer_id, wire.Error(action.req, INTERNAL, f"internal error ({type(exc).__name__}) "
-                                                  f"after {action.total} messages; the dispatcher goes on"))
-            return
-        finally:
-            self.note_time(f"Admin({action.bulk.name}) slice", (time.perf_counter() - started) * 1000, action.peer_id)
-        if action.cursor.done:
-            self.reply(action.peer_id, wire.Reply(action.req, action.total), durable=True)
-        else:
-            self.bulk_actions.append(action)
-
-    def entitled(self, peer: Peer | None, cmd: Any, user: str | None) -> None:
-        """With security on: may this client's key make this request? (Raises if not.)"""
-        assert self.security is not None
-        t = type(cmd)
-        if t is wire.Hello:  # a second HELLO on a connection keeps the key it has
-            known = peer.rights if peer is not None and user is None else None
-            self.pending_rights = known or self.security.rights_of(user)
-            return
-        rights = peer.rights if peer is not None else None
-        if rights is None:
-            raise NotEntitledError("no entitlements for this connection")
-        kind_name = ENTITLEMENT_OF.get(t)
-        if kind_name is not None:
-            kind, field_name = kind_name
-            check_rights(rights, kind, getattr(cmd, field_name) or "*")
-
-    def dispatch_command(self, peer_id: bytes, peer: Peer | None, cmd: object, now: int) -> None:
-        t = type(cmd)
-        if t is wire.Ack:
-            self.on_settle(peer, cmd, "ack", self.engine.ack, now)  # type: ignore[arg-type]
-        elif t is wire.Publish:
-            self.on_publish(peer_id, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.Heartbeat:
-            pass
-        elif t is wire.Hello:
-            self.on_hello(peer_id, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.Subscribe:
-            self.on_subscribe(peer, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.Cancel:
-            self.on_settle(peer, cmd, "cancel", self.engine.cancel, now)  # type: ignore[arg-type]
-        elif t is wire.Expire:
-            self.on_settle(peer, cmd, "expire", self.engine.expire, now)  # type: ignore[arg-type]
-        elif t is wire.Extend:
-            self.on_extend(peer, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.Unsubscribe:
-            self.on_unsubscribe(peer, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.Bye:
-            self.drop_peer(peer_id, now)
-        elif t is wire.Stats:
-            self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))  # type: ignore[attr-defined]
-        elif t is wire.Peek:
-            self.reply(peer_id, wire.Reply(cmd.req, self.peek(cmd.queue, cmd.limit, cmd.filter)))  # type: ignore[attr-defined]
-        elif t is wire.Queues:
-            self.reply(peer_id, wire.Reply(cmd.req, self.queue_list()))  # type: ignore[attr-defined]
-        elif t is wire.Range:
-            self.ranges.forward(peer_id, cmd)  # type: ignore[arg-type]
-        elif t is wire.Bounds:
-            at = cmd.at_ms  # type: ignore[attr-defined]
-            seq_at = self.journal.seq_at_time(at) if at is not None else None
-            self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))  # type: ignore[attr-defined]
-        elif t is wire.Admin:
-            result = admin.run(self, peer, cmd.op, cmd.args, now)  # type: ignore[arg-type, attr-defined]
-            if type(result) is admin.Bulk:
-                self.start_bulk(peer_id, cmd.req, result, now)  # type: ignore[attr-defined]
-            else:
-                self.reply(peer_id, wire.Reply(cmd.req, result), durable=True)  # type: ignore[attr-defined]
-        elif t is wire.Replay:
-            check_sub_id(cmd.sub)  # type: ignore[attr-defined]
-            info = self.replayer.open(self.sub_key(peer, cmd.sub), peer.peer_id, cmd)  # type: ignore[union-attr, attr-defined, arg-type]
-            self.reply(peer_id, wire.Reply(cmd.req, info))  # type: ignore[attr-defined]
-        elif t is wire.Claim:
-            self.on_claim(peer, cmd, now)  # type: ignore[arg-type]
-        elif t is wire.QueryCmd:
-            q = self.engine.query(cmd.queue, cmd.group_by, cmd.aggregates, cmd.filter)  # type: ignore[attr-defined]
-            self.reply(peer_id, wire.Reply(cmd.req, q))  # type: ignore[attr-defined]
-        else:  # pragma: no cover - the decoder only yields the types above
-            raise ProtocolError(f"unexpected command {t.__name__}")
-
-    # ----------------------------------------------------------- commands
-
-    def on_hello(self, peer_id: bytes, cmd: wire.Hello, now: int) -> None:
-        if cmd.version != wire.PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {cmd.version} not supported (server speaks {wire.PROTOCOL_VERSION})")
-        if peer_id in self.peers:
-            self.drop_peer(peer_id, now)  # a second HELLO restarts the session
-        elif len(self.peers) >= self.config.max_connections:
-            raise LimitError(f"too many connections (server.max_connections = {self.config.max_connections})")
-        self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
-        if self.security is not None:
-            self.peers[peer_id].rights = self.pending_rights
-        self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms, self.config.max_message_bytes))
-
-    def on_publish(self, peer_id: bytes, cmd: wire.Publish, now: int) -> None:
-        if self.journal_down is not None:  # before the engine: nothing is enqueued that cannot be stored
-            raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
-        if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
-            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
-        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
-        peer = self.peers.get(peer_id)
-        if peer is not None:
-            peer.published += len(bookmarks)
-        full = self.engine.withheld(cmd.topic)
-        if full:  # flow-control: the confirmation waits until those queues drain
-            self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
-            return
-        self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
-
-    def check_room(self, peer: Peer) -> None:
-        if len(peer.subs) >= self.config.max_subscriptions_per_connection:
-            raise LimitError("too many subscriptions on this connection "
-                             f"(server.max_subscriptions_per_connection = {self.config.max_subscriptions_per_connection})")
-
-    def on_subscribe(self, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
-        check_sub_id(cmd.sub)
-        self.check_room(peer)
-        if cmd.sub in peer.subs:
-            raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
-        backlog = self.engine.subscribe(self.sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
-                                        filter=cmd.filter)
-        peer.subs.add(cmd.sub)
-        self.reply(peer.peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
-
-    def on_claim(self, peer: Peer, cmd: wire.Claim, now: int) -> None:
-        check_sub_id(cmd.sub)
-        if cmd.sub not in peer.subs:
-            self.check_room(peer)
-        key = self.sub_key(peer, cmd.sub)
-        if key in self.claims:
-            raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
-        wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
-        self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
-                          destructive=cmd.destructive, filter=cmd.filter)
-        peer.subs.add(cmd.sub)
-        self.claims[key] = (peer.peer_id, cmd.req, now + wait_ms)
+    # ------------------------------------------------------ held answers
 
     def release_flow_held(self) -> None:
         """Send confirmations whose queues are no longer over their limits."""
@@ -613,42 +396,6 @@ class Server:
             else:
                 self.send(peer_id, frame)
         self.flow_held = still
-
-    def end_due_claims(self, now: int) -> None:
-        """Claims whose wait ran out answer with nothing."""
-        for key, (peer_id, req, due) in list(self.claims.items()):
-            if due <= now:
-                del self.claims[key]
-                self.engine.end_claim(key)
-                self.send(peer_id, wire.encode(wire.Reply(req, {"count": 0})))
-
-    def on_unsubscribe(self, peer: Peer, cmd: wire.Unsubscribe, now: int) -> None:
-        if self.replayer.close(self.sub_key(peer, cmd.sub)):
-            self.reply(peer.peer_id, wire.Reply(cmd.req, None))
-            return
-        if cmd.sub not in peer.subs:
-            raise ProtocolError(f"no subscription {cmd.sub!r} on this connection")
-        peer.subs.discard(cmd.sub)
-        self.engine.unsubscribe(self.sub_key(peer, cmd.sub), now)
-        self.reply(peer.peer_id, wire.Reply(cmd.req, None))
-
-    def on_settle(self, peer: Peer, cmd: wire.Ack, op: str, action, now: int) -> None:  # type: ignore[no-untyped-def]
-        if cmd.sub not in peer.subs:
-            if op == "ack" and self.replayer.credit(self.sub_key(peer, cmd.sub), len(cmd.bookmarks)):
-                return  # a replay's client took these: room for more
-            self.reply(peer.peer_id, wire.Refused(cmd.sub, op, cmd.bookmarks, "unknown-subscription"))
-            return
-        refused = action(self.sub_key(peer, cmd.sub), cmd.bookmarks, now)
-        if refused:
-            self.reply(peer.peer_id, wire.Refused(cmd.sub, op, refused, "not-leased"))
-
-    def on_extend(self, peer: Peer, cmd: wire.Extend, now: int) -> None:
-        if cmd.sub not in peer.subs:
-            self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", cmd.bookmarks, "unknown-subscription"))
-            return
-        refused = self.engine.extend(self.sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
-        if refused:
-            self.reply(peer.peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
 
     def queue_covers(self, name: str):  # type: ignore[no-untyped-def]
         """A queue's topic matcher for the reader thread: built from the queue's settings
@@ -664,10 +411,6 @@ class Server:
     def configured_queue(self, name: str) -> bool:
         """Is ``name`` a queue of the config file (which wins over run-time ones)?"""
         return any(q.name == name for q in self.config.queues)
-
-    @staticmethod
-    def sub_key(peer: Peer, sub: str) -> str:
-        return f"{peer.consumer}/{sub}"
 
     # ----------------------------------------------------------- sending
 
@@ -711,19 +454,6 @@ class Server:
             if not self.send(peer_id, frame):
                 return
 
-    def totals(self) -> tuple[int, int, int]:
-        qs = self.engine.queues.values()
-        return (self.engine.published, sum(q.delivered for q in qs), sum(q.acked for q in qs))
-
-    def rates(self, now: int) -> dict[str, float]:
-        """Per-second publish / deliver / ack rates over the last few seconds."""
-        if not self.samples:
-            return {"publish": 0.0, "deliver": 0.0, "ack": 0.0}
-        then, old = self.samples[0]
-        cur = self.totals()
-        dt = max(now - then, 1) / 1000
-        return {k: round((c - o) / dt, 1) for k, c, o in zip(("publish", "deliver", "ack"), cur, old)}
-
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
         if self.security is not None:
@@ -749,7 +479,7 @@ class Server:
         peer = self.peers.pop(peer_id, None)
         if peer is not None:
             for sub in peer.subs:
-                self.claims.pop(self.sub_key(peer, sub), None)
+                self.claims.pop(sub_key(peer, sub), None)
             self.replayer.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)
 
@@ -782,61 +512,3 @@ class Server:
         if free is not None and free < JOURNAL_FULL_BYTES or "No space" in str(exc) or "MDB_MAP_FULL" in str(exc):
             return f"journal disk full ({self.config.data}: {free if free is not None else '?'} bytes free)"
         return f"journal not writable ({exc})"
-
-    # ----------------------------------------------------------- views
-
-    def stats(self, now: int) -> dict:
-        st = self.engine.stats()
-        for q in st["queues"].values():
-            for c in q["consumers"]:
-                peer = self.peers.get(bytes.fromhex(c["consumer"]))
-                c["name"] = peer.name if peer is not None else ""
-                c["heard_ms_ago"] = now - peer.last_heard_ms if peer is not None else None
-        st["peers"] = [
-            {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
-             "subscriptions": len(p.subs), "published": p.published}
-            for p in self.peers.values()
-        ]
-        st["server"] = {
-            "version": SERVER_NAME,
-            "uptime_ms": now - self.started_ms,
-            "durability": self.config.durability,
-            "journal_bytes": self.journal.size_bytes(),
-            "journal_map_bytes": self.journal.env.info()["map_size"],
-            "publishers": sum(1 for p in self.peers.values() if p.published and not p.subs),
-            "workers": sum(1 for p in self.peers.values() if p.subs),
-            "peers": len(self.peers),
-            "frames_in": self.frames_in,
-            "frames_out": self.frames_out,
-            "loop_max_ms": round(self.loop_max_ms, 3),
-            "loop_max_phases": self.loop_max_phases,
-            "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
-            "slow_commands": self.slow_commands,
-            "internal_errors": self.internal_errors,
-            "bulk_actions": len(self.bulk_actions),
-            "security": self.security.stats() if self.security is not None else {"on": False},
-            "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
-                        "down_ms": now - self.journal_down_since if self.journal_down else 0,
-                        "failures": self.journal_failures},
-            "endpoints": self.endpoints,
-            "rates": self.rates(now),
-        }
-        return st
-
-    def peek(self, queue: str, limit: int, filter: str | None = None) -> list[dict]:
-        """Up to ``limit`` waiting messages, and about ``PEEK_BYTES_MAX`` of them at most:
-        10,000 messages with 4 KiB headers made a 50 MB answer that held the loop 220 ms."""
-        limit = max(0, min(limit, 10_000))
-        items = self.engine.peek(queue, limit, filter)
-        out: list[dict] = []
-        size = 0
-        for r, (_, d) in zip(self.journal.get_messages([seq for seq, _ in items]), items):
-            out.append({"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload,
-                        "deliveries": d, "ts_ms": r.ts_ms})
-            size += len(r.payload) + sum(len(k) + len(v) for k, v in r.headers.items())
-            if size >= PEEK_BYTES_MAX:
-                break
-        return out
-
-    def queue_list(self) -> list[dict]:
-        return [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()]

@@ -1,7 +1,8 @@
 """Prometheus metrics for `zq serve --metrics HOST:PORT`, with the standard client library.
 
-The collector never touches engine state: the server loop replaces ``server.snapshot``
-(a stats dict) on every heartbeat tick, and a scrape renders the latest one.
+The collector never touches engine state: the server loop replaces its ``snapshot`` (a
+stats dict) on every heartbeat tick, and a scrape renders the latest one, read through
+the ``latest`` callable the loop hands over (this module does not know the loop).
 
 Metric names (all labelled by ``queue`` where per queue):
 
@@ -16,25 +17,22 @@ Metric names (all labelled by ``queue`` where per queue):
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from zq.core.errors import ConfigError
 
-if TYPE_CHECKING:
-    from zq.server import Server
-
 COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered")
 
 
 class ZqCollector:
-    def __init__(self, server: "Server") -> None:
-        self.server = server
+    def __init__(self, latest: Callable[[], dict | None]) -> None:
+        self.latest = latest
 
     def collect(self):  # type: ignore[no-untyped-def]
-        st = self.server.snapshot
+        st = self.latest()
         if st is None:
             return
         yield from queue_metrics(st)
@@ -65,8 +63,8 @@ def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
             fam.add_metric([name], q[key])
         consumers.add_metric([name], len(q["consumers"]))
         oldest.add_metric([name], (q["oldest_ms"] or 0) / 1000)
-        for key, fam in counters.items():
-            fam.add_metric([name], q[key])
+        for key, counter in counters.items():
+            counter.add_metric([name], q[key])
         lat = q["ack_latency"]
         cumulative, buckets = 0, []
         for edge, count in zip([*lat["buckets_ms"], None], lat["counts"]):
@@ -92,13 +90,14 @@ class MetricsEndpoint:
         self.thread.join(5)
 
 
-def serve_metrics(server: "Server", address: str) -> MetricsEndpoint:
+def serve_metrics(latest: Callable[[], dict | None], address: str) -> MetricsEndpoint:
+    """Serve /metrics on HOST:PORT; ``latest()`` is the newest stats snapshot (or None)."""
     from prometheus_client import start_http_server
 
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise ConfigError(f"--metrics wants HOST:PORT, got {address!r}")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ZqCollector(server))  # type: ignore[arg-type]
+    registry.register(ZqCollector(latest))  # type: ignore[arg-type]
     httpd, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
     return MetricsEndpoint(httpd, thread)

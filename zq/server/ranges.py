@@ -120,7 +120,7 @@ class RangeReader:
         return records_frame(cmd.req, cmd.kind, raws, nxt, done)
 
     @staticmethod
-    def topic_match(target: str | None, covers) -> Callable[[str], bool] | None:  # type: ignore[no-untyped-def]
+    def topic_match(target: str | None, covers) -> Callable[[str], bool] | str | None:  # type: ignore[no-untyped-def]
         if not target:
             return None
         if covers is not None:

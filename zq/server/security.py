@@ -131,9 +131,9 @@ class Security:
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
             self.refused += 1
-            kind = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "unknown or refused key",
-                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error (a plaintext client?)"}.get(
-                        event["event"], "handshake failed (a plaintext client?)")
+            causes: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "unknown or refused key",
+                                      zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error (a plaintext client?)"}
+            kind = causes.get(int(event["event"]), "handshake failed (a plaintext client?)")
             log.warning("refused a connection: %s", kind)
 
     def stamp(self) -> tuple:

@@ -1,0 +1,339 @@
+"""What a client hands its caller: ``Message`` (settle it once: ack, cancel, expire,
+extend), ``Subscription`` (iterate it; closing it unsubscribes), ``Replay`` (a journal
+read with no queue semantics) and ``PublishFuture`` (a publish's bookmark, once durable).
+
+They talk to the client that made them through ``Session``: the I/O thread's queues and
+wake-up, as the ``Client`` provides them (this module does not import the client).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import msgspec
+
+from zq import wire
+from zq.client.session import bookmark_arg, duration_arg
+from zq.core import records as R
+from zq.core.errors import ZqError
+
+log = logging.getLogger("zq.client")
+
+ACK_DELAY = 0.001  # seconds an ack may wait to share a frame with others
+
+
+class Session(Protocol):
+    """What subscriptions and messages need of their client."""
+
+    generation: int  # sessions opened so far: messages of an older one are not settled
+    _order: itertools.count  # the client's order of calls: frames leave in it
+    _subs: dict[str, Subscription]
+
+    def _wake(self) -> None: ...
+    def _submit(self, cmd: object) -> None: ...
+    def _request(self, make: Callable[[int], object], *, timeout: float = 30.0, wait: bool = True) -> Any: ...
+    def _flush_and_wait(self, timeout: float = 10.0) -> None: ...
+    def admin(self, op: str, timeout: float = 30.0, **args: object) -> object: ...
+
+
+class PublishBatch:
+    """The messages of one PUBLISH frame: one wait object for all of them."""
+
+    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.order = 0  # its place in the client's order of calls, once sealed
+        self.items: list[tuple[bytes, dict[str, str], str | None]] = []
+        self.size = 0
+        self.event = threading.Event()
+        self.bookmarks: list[int] | None = None
+        self.error: BaseException | None = None
+        self.callbacks: list[tuple[Callable[[Any], None], Any]] = []
+
+    def settle(self, bookmarks: list[int] | None, error: BaseException | None) -> None:
+        if self.event.is_set():
+            return
+        self.bookmarks, self.error = bookmarks, error
+        self.event.set()
+        for fn, fut in self.callbacks:
+            try:
+                fn(fut)
+            except Exception:  # pragma: no cover - a user callback failed
+                log.exception("publish callback failed")
+        self.callbacks = []
+
+
+class PublishFuture:
+    """The bookmark of one published message, when it is durable.
+
+    The subset of ``concurrent.futures.Future`` that publishing needs (``result``,
+    ``exception``, ``done``, ``add_done_callback``), without a lock and a condition
+    per message: all messages of a frame share one ``PublishBatch``.
+    """
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: PublishBatch, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+    def done(self) -> bool:
+        return self.batch.event.is_set()
+
+    def result(self, timeout: float | None = None) -> int:
+        if not self.batch.event.wait(timeout):
+            raise TimeoutError("publish not confirmed in time")
+        if self.batch.error is not None:
+            raise self.batch.error
+        assert self.batch.bookmarks is not None
+        return self.batch.bookmarks[self.index]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.batch.event.wait(timeout):
+            raise TimeoutError("publish not confirmed in time")
+        return self.batch.error
+
+    def add_done_callback(self, fn: Callable[["PublishFuture"], None]) -> None:
+        batch = self.batch
+        if batch.event.is_set():
+            fn(self)
+            return
+        batch.callbacks.append((fn, self))
+        if batch.event.is_set() and batch.callbacks:  # settled meanwhile: run what is left
+            callbacks, batch.callbacks = batch.callbacks, []
+            for cb, fut in callbacks:
+                cb(fut)
+
+
+class Message:
+    """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
+
+    __slots__ = ("data", "bookmark", "topic", "headers", "deliveries", "ts_ms", "msg_id", "_sub", "_generation")
+
+    def __init__(self, record: "R.Message", deliveries: int, sub: "Subscription", generation: int) -> None:
+        self.data: bytes = record.payload
+        self.bookmark: int = record.seq
+        self.topic: str = record.topic
+        self.headers: dict[str, str] = record.headers
+        self.deliveries: int = deliveries
+        self.ts_ms: int = record.ts_ms
+        self.msg_id: str | None = record.msg_id
+        self._sub = sub
+        self._generation = generation
+
+    @property
+    def group(self) -> str | None:
+        return self.headers.get("group")
+
+    def ack(self) -> None:
+        if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
+            self._sub._settle("ack", self)
+
+    def cancel(self) -> None:
+        if self.deliveries:
+            self._sub._settle("cancel", self)
+
+    def expire(self) -> None:
+        if self.deliveries:
+            self._sub._settle("expire", self)
+
+    def extend(self, seconds: float) -> None:
+        self._sub._extend(self, duration_arg(seconds, "extend"))
+
+    def __repr__(self) -> str:
+        return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
+
+
+_END = object()  # in a replay's inbox: its END arrived; nothing follows
+
+
+class MessageStream:
+    """``for msg in sub``: each step is a ``get()`` with no timeout."""
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        msg = self.get()
+        assert msg is not None
+        return msg
+
+
+class Subscription(MessageStream):
+    """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
+
+    def __init__(self, client: Session, sub_id: str, queue: str, max_backlog: int, filter: str | None = None) -> None:
+        self.client = client
+        self.sub_id = sub_id
+        self.queue = queue
+        self.max_backlog = max_backlog
+        self.filter = filter
+        self.backlog = 0  # granted by the server
+        self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
+        self.local: collections.deque[Message] = collections.deque()
+        # op, bookmark, generation, place in the client's order of calls (``Client._order``)
+        self.settle: collections.deque[tuple[str, int, int, int]] = collections.deque()
+        self.refused = 0
+        self.closed = False
+        self.ended = False  # a replay reached its END
+        self.sink: Callable[[list[Message]], None] | None = None
+        # I/O-thread-only counters: messages received, settles sent (this session).
+        self.received = 0
+        self.settles_taken = 0
+        self.settle_since = 0.0  # when the oldest unsent settle was first seen
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None when ``timeout`` seconds pass without one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.local:
+            if self.closed or self.ended:
+                raise StopIteration
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
+            except queue_mod.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            if not self._take(item):  # a replay's END: everything before it was taken
+                self.ended = True
+                raise StopIteration
+        return self.local.popleft()
+
+    def _take(self, item: tuple[int, list[tuple[R.Message, int]]] | None | object) -> bool:
+        """Move an inbox item's messages into ``local``; False for a replay's END."""
+        if item is _END:
+            return False
+        if item is not None:
+            generation, batch = item  # type: ignore[misc]
+            if generation == self.client.generation:  # else: a session that is gone; redelivered
+                self.local.extend(Message(r, n, self, generation) for r, n in batch)
+        return True
+
+    def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages`` messages: waits (up to ``timeout``) for the first, then
+        takes what has already arrived, without waiting for more. Empty on timeout.
+
+        With ``ack_many`` this is the batch path (as SQS ReceiveMessage or a NATS fetch):
+        one call and one settle per batch instead of one per message."""
+        first = self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        local = self.local
+        while len(out) < max_messages:
+            if local:
+                out.append(local.popleft())
+                continue
+            try:
+                item = self.inbox.get_nowait()
+            except queue_mod.Empty:
+                break
+            if not self._take(item):
+                self.inbox.put(_END)  # the next get() ends the iteration
+                break
+        return out
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge several messages with one wake-up of the I/O thread."""
+        self._settle_many("ack", messages)
+
+    def cancel_many(self, messages: Iterable[Message]) -> None:
+        self._settle_many("cancel", messages)
+
+    def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
+        settle, order = self.settle, self.client._order
+        settle.extend((op, m.bookmark, m._generation, next(order)) for m in messages if m.deliveries)
+        if settle:
+            self.client._wake()
+
+    def _settle(self, op: str, msg: Message) -> None:
+        """Queue a settle; wake the I/O thread only when it may have to act: on the first
+        unsent settle (it then polls every ACK_DELAY), when the user has taken everything
+        received so far, or at half the backlog (``Client._settle_due`` decides)."""
+        first = not self.settle
+        self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order)))
+        if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
+            self.client._wake()
+
+    def replace(self, *, filter: str | None | type = ..., max_backlog: int | None = None, queue: str | None = None) -> int:
+        """Change this subscription's filter, backlog or queue at once, keeping its leases.
+
+        Returns the backlog granted (recomputed as on subscribe). ``filter=None``
+        removes the filter; leaving it out keeps the current one.
+        """
+        new_filter = self.filter if filter is ... else filter
+        new_backlog = max_backlog or self.max_backlog
+        new_queue = queue or self.queue
+        self.backlog = self.client.admin("replace", sub=self.sub_id, queue=new_queue, max_backlog=new_backlog,
+                                         filter=new_filter)
+        self.filter, self.max_backlog, self.queue = new_filter, new_backlog, new_queue  # type: ignore[assignment]
+        return self.backlog
+
+    def ack_unleased(self, bookmarks: list[int]) -> None:
+        """Acknowledge messages this subscription was not given, by bookmark, on a queue
+        with ``allow_ack_unleased`` (work done another way; a message still in a
+        TargetQueueDepth queue's journal-only part). Bookmarks the queue cannot take
+        are ignored by the server."""
+        self.client._submit(wire.Ack(self.sub_id, [bookmark_arg(b) for b in bookmarks]))
+
+    def _extend(self, msg: Message, ms: int) -> None:
+        self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.client._flush_and_wait()
+        self.closed = True
+        self.inbox.put(None)
+        try:
+            self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
+        except ZqError:
+            pass
+        self.client._subs.pop(self.sub_id, None)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Replay(Subscription):
+    """A journal replay: iterate to read; taking a message returns its window slot.
+
+    No acks are needed (or possible): a replay has no queue semantics. After a
+    reconnect it resumes after the last message taken.
+    """
+
+    def __init__(self, client: Session, sub_id: str, cmd: wire.Replay) -> None:
+        super().__init__(client, sub_id, cmd.target, 0)
+        self.cmd = cmd
+        self.last: int | None = None
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        msg = super().get(timeout)
+        if msg is not None:
+            self.last = msg.bookmark
+            # window credit, not an ack of the message
+            self.settle.append(("ack", msg.bookmark, msg._generation, next(self.client._order)))
+            self.client._wake()
+        return msg
+
+    def resume_command(self, req: int) -> wire.Replay:
+        start = self.cmd.start if self.last is None else self.last + 1
+        start_ms = self.cmd.start_ms if self.last is None else None
+        return msgspec.structs.replace(self.cmd, req=req, start=start, start_ms=start_ms)
+
+

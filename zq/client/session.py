@@ -1,0 +1,185 @@
+"""What ``Client``, ``Publisher`` and ``Worker`` share: opening a session (a DEALER with
+HELLO sent), checking every argument in the caller's thread (a value that cannot travel
+is a clear error at the call, never a dead I/O thread later), encoding commands, and
+turning the dispatcher's error codes back into exceptions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import NamedTuple
+
+import msgspec
+import zmq
+
+from zq import wire
+from zq.core import limits
+from zq.core.errors import ZqError
+from zq.keys import apply_client_curve
+
+# Plain ints: ``getsockopt(zmq.EVENTS) & zmq.POLLIN`` builds an enum member per call.
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+ERRORS: dict[str, type[ZqError]] = {}
+
+
+def _error_types() -> dict[str, type[ZqError]]:
+    if not ERRORS:
+        from zq.core import errors
+
+        for name in dir(errors):
+            obj = getattr(errors, name)
+            if isinstance(obj, type) and issubclass(obj, ZqError):
+                ERRORS[obj.code] = obj
+    return ERRORS
+
+
+def error_from(code: str, message: str) -> ZqError:
+    return _error_types().get(code, ZqError)(message)
+
+
+
+
+class ConnectionLost(ZqError):
+    code = "connection"
+
+
+def publish_chunks(items: list) -> Iterator[list]:
+    """Publish batches of at most PUBLISH_BATCH_MAX messages and about PUBLISH_BATCH_BYTES."""
+    chunk: list = []
+    size = 0
+    for item in items:
+        if chunk and (len(chunk) >= limits.PUBLISH_BATCH_MAX or size + len(item[0]) > limits.PUBLISH_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item[0])
+    if chunk:
+        yield chunk
+
+
+def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
+                        curve: tuple[bytes, bytes, bytes] | None = None) -> zmq.Socket:
+    """A DEALER to the dispatcher with HELLO sent: the start of every session.
+    ``curve``: CurveZMQ keys (``zq.keys.client_curve``), or None for plaintext."""
+    sock = ctx.socket(zmq.DEALER)
+    apply_client_curve(sock, curve)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(endpoint)
+    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+    return sock
+
+
+_SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
+
+
+def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int]]) -> bool:
+    """``(op, bookmark)`` settles of one subscription as one frame per op; False if none."""
+    by_op: dict[str, list[int]] = {}
+    for op, bookmark in settles:
+        by_op.setdefault(op, []).append(bookmark)
+    for op, bookmarks in by_op.items():
+        sock.send(wire.encode(_SETTLE_COMMANDS[op](sub_id, bookmarks)))
+    return bool(by_op)
+
+
+def drain_frames(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
+    for _ in range(limit):
+        if not sock.getsockopt(EVENTS) & POLLIN:
+            return  # nothing waiting: ask, rather than pay for a raised zmq.Again
+        try:
+            yield sock.recv(NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def wire_item(
+    data: bytes | str, group: str | None, priority: int | None, msg_id: str | None, headers: dict[str, str] | None
+) -> tuple[bytes, dict[str, str], str | None]:
+    """One message as the wire carries it, checked in the caller's thread: a value that
+    cannot travel is a clear error here, not a silent failure later."""
+    if isinstance(data, str):
+        payload = data.encode()
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        payload = bytes(data)
+    else:
+        raise TypeError(f"message data must be bytes or str, got {type(data).__name__}")
+    h: dict[str, str] = {}
+    if headers:
+        if not isinstance(headers, dict):
+            raise TypeError(f"headers must be a dict of str to str, got {type(headers).__name__}")
+        for k, v in headers.items():
+            if type(k) is not str or type(v) is not str:
+                raise TypeError(f"header {k!r}: names and values must be str, got {type(v).__name__} "
+                                f"{v!r:.40} (write str(value))")
+            h[k] = v
+    if group is not None:
+        h["group"] = str(group)
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        h["priority"] = str(priority)
+    if msg_id is not None and type(msg_id) is not str:
+        raise TypeError(f"msg_id must be a str, got {type(msg_id).__name__}")
+    return (payload, h, msg_id)
+
+
+class Outgoing(NamedTuple):
+    """A call queued for the I/O thread: encoded in the caller's thread, sent in order."""
+
+    req: int
+    cmd: object
+    frame: bytes
+    fut: Future | None
+    order: int
+
+
+def encode_command(cmd: object) -> bytes:
+    """Encode a client command, or raise ValueError naming what cannot travel.
+
+    msgspec encodes whatever a field holds; decoding our own frame checks each field
+    against the protocol's types (wire.client_decoder), as the dispatcher will."""
+    try:
+        frame = wire.encode(cmd)
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
+    if type(cmd) is not wire.Publish:  # publishes are checked message by message (wire_item)
+        try:
+            wire.client_decoder.decode(frame)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(f"cannot send {type(cmd).__name__}: {exc}") from None
+    return frame
+
+
+def bookmark_arg(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise ValueError(f"a bookmark is an int 0..2**64-1, got {value!r:.40}")
+    return value
+
+
+def duration_arg(seconds: object, what: str, *, allow_zero: bool = False) -> int:
+    """Seconds from the caller as whole milliseconds in 1 (or 0) .. 100 years."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what}: seconds must be a number, got {type(seconds).__name__}")
+    if not math.isfinite(seconds) or not (0 if allow_zero else 0.001) <= seconds <= limits.DURATION_MS_MAX / 1000:
+        raise ValueError(f"{what}: {seconds!r} seconds is out of range "
+                         f"({'0' if allow_zero else '0.001'}..{limits.DURATION_MS_MAX // 1000})")
+    return int(seconds * 1000)
+
+
+_SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")
+
+
+def check_endpoint(endpoint: object) -> None:
+    """Refuse an endpoint libzmq would choke on, in the caller's thread."""
+    if not isinstance(endpoint, str) or not endpoint:
+        raise ValueError(f"an endpoint is a string such as tcp://127.0.0.1:7780, got {endpoint!r}")
+    for part in endpoint.split(","):
+        if not part.strip().startswith(_SCHEMES):
+            raise ValueError(f"endpoint {part.strip()!r} has no transport: write tcp://{part.strip()} "
+                             f"(or ipc://, inproc://)")
+
+

@@ -1,0 +1,335 @@
+"""What the dispatcher does with each command: one handler per command type, and the
+table from type to handler (``HANDLERS``), so adding a command is one Struct in
+``zq.wire``, one function here and one entry in the table.
+
+Every handler has the same shape, ``(server, peer_id, peer, cmd, now)``, with ``cmd``
+typed as its own command. The loop looks the handler up by the frame's type and calls
+it inside the safety net: a handler raises ``ZqError`` for a bad request (answered as
+an ERROR naming the problem), and anything else is answered as ``internal`` and
+counted. Replies are held until the iteration's commit (``Server.reply``).
+
+``Commands`` is a mixin of ``zq.server.loop.Server``: the attributes below are the
+loop's, declared here for the type checker; this module does not import the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from zq import wire
+from zq.core import limits
+from zq.core.engine import Engine
+from zq.core.errors import JournalError, LimitError, NotEntitledError, ProtocolError, ZqError
+from zq.core.manage import BulkCursor
+from zq.journal.lmdb_journal import LmdbJournal
+from zq.server import admin
+from zq.server.config import Config
+from zq.server.ranges import RangeReader
+from zq.server.replay import Replayer
+from zq.server.security import Rights, Security
+from zq.server.security import check as check_rights
+from zq.server.sessions import Peer, check_sub_id, sub_key
+
+log = logging.getLogger("zq.server")
+
+SERVER_NAME = "zq/0.1.0"
+INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
+CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
+PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
+
+# Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
+ENTITLEMENT_OF: dict[type, tuple[str, str]] = {
+    wire.Publish: ("publish", "topic"),
+    wire.Subscribe: ("consume", "queue"),
+    wire.Claim: ("claim", "queue"),
+    wire.Peek: ("browse", "queue"),
+    wire.QueryCmd: ("browse", "queue"),
+    wire.Replay: ("browse", "target"),
+    wire.Range: ("browse", "target"),
+    wire.Admin: ("admin", "op"),
+}
+
+
+@dataclass
+class BulkAction:
+    """A purge / move / ack-filter / redrive under way, answered when its last slice is done."""
+
+    peer_id: bytes
+    req: int
+    bulk: admin.Bulk
+    cursor: BulkCursor
+    total: int = 0
+
+
+class Commands:
+    """The command handlers (see the module docstring)."""
+
+    # The loop's state that handlers use.
+    config: Config
+    engine: Engine
+    journal: LmdbJournal
+    peers: dict[bytes, Peer]
+    security: Security | None
+    pending_rights: Rights | None
+    replayer: Replayer
+    ranges: RangeReader
+    claims: dict[str, tuple[bytes, int, int]]
+    flow_held: list[tuple[bytes, bytes, list[str]]]
+    bulk_actions: collections.deque[BulkAction]
+    journal_down: str | None
+    internal_errors: int
+
+    if TYPE_CHECKING:  # the loop's methods that handlers use (only declared: the MRO must find the loop's)
+        def reply(self, peer_id: bytes, msg: object, durable: bool = False) -> None: ...
+        def send(self, peer_id: bytes, frame: bytes) -> bool: ...
+        def drop_peer(self, peer_id: bytes, now: int) -> None: ...
+        def note_time(self, what: str, took_ms: float, who: bytes) -> None: ...
+        def configured_queue(self, name: str) -> bool: ...
+        def stats(self, now: int) -> dict: ...
+
+    # ------------------------------------------------------- entitlements
+
+    def entitled(self, peer: Peer | None, cmd: Any, user: str | None) -> None:
+        """With security on: may this client's key make this request? (Raises if not.)"""
+        assert self.security is not None
+        t = type(cmd)
+        if t is wire.Hello:  # a second HELLO on a connection keeps the key it has
+            known = peer.rights if peer is not None and user is None else None
+            self.pending_rights = known or self.security.rights_of(user)
+            return
+        rights = peer.rights if peer is not None else None
+        if rights is None:
+            raise NotEntitledError("no entitlements for this connection")
+        kind_name = ENTITLEMENT_OF.get(t)
+        if kind_name is not None:
+            kind, field_name = kind_name
+            check_rights(rights, kind, getattr(cmd, field_name) or "*")
+
+    # ------------------------------------------------------------ sessions
+
+    def on_hello(self, peer_id: bytes, peer: Peer | None, cmd: wire.Hello, now: int) -> None:
+        if cmd.version != wire.PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {cmd.version} not supported (server speaks {wire.PROTOCOL_VERSION})")
+        if peer is not None:
+            self.drop_peer(peer_id, now)  # a second HELLO restarts the session
+        elif len(self.peers) >= self.config.max_connections:
+            raise LimitError(f"too many connections (server.max_connections = {self.config.max_connections})")
+        fresh = self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
+        if self.security is not None:
+            fresh.rights = self.pending_rights
+        self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms,
+                                         self.config.max_message_bytes))
+
+    def on_heartbeat(self, peer_id: bytes, peer: Peer, cmd: wire.Heartbeat, now: int) -> None:
+        pass  # hearing it was the point (``receive`` noted the time)
+
+    def on_bye(self, peer_id: bytes, peer: Peer, cmd: wire.Bye, now: int) -> None:
+        self.drop_peer(peer_id, now)
+
+    # ----------------------------------------------------------- publishing
+
+    def on_publish(self, peer_id: bytes, peer: Peer, cmd: wire.Publish, now: int) -> None:
+        if self.journal_down is not None:  # before the engine: nothing is enqueued that cannot be stored
+            raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
+        if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
+            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
+        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
+        peer.published += len(bookmarks)
+        full = self.engine.withheld(cmd.topic)
+        if full:  # flow-control: the confirmation waits until those queues drain
+            self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
+            return
+        self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
+
+    # -------------------------------------------------------- subscriptions
+
+    def check_room(self, peer: Peer) -> None:
+        if len(peer.subs) >= self.config.max_subscriptions_per_connection:
+            raise LimitError("too many subscriptions on this connection "
+                             f"(server.max_subscriptions_per_connection = {self.config.max_subscriptions_per_connection})")
+
+    def on_subscribe(self, peer_id: bytes, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
+        check_sub_id(cmd.sub)
+        self.check_room(peer)
+        if cmd.sub in peer.subs:
+            raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
+        backlog = self.engine.subscribe(sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
+                                        filter=cmd.filter)
+        peer.subs.add(cmd.sub)
+        self.reply(peer_id, wire.Subscribed(cmd.req, cmd.sub, backlog))
+
+    def on_unsubscribe(self, peer_id: bytes, peer: Peer, cmd: wire.Unsubscribe, now: int) -> None:
+        if self.replayer.close(sub_key(peer, cmd.sub)):
+            self.reply(peer_id, wire.Reply(cmd.req, None))
+            return
+        if cmd.sub not in peer.subs:
+            raise ProtocolError(f"no subscription {cmd.sub!r} on this connection")
+        peer.subs.discard(cmd.sub)
+        self.engine.unsubscribe(sub_key(peer, cmd.sub), now)
+        self.reply(peer_id, wire.Reply(cmd.req, None))
+
+    def on_claim(self, peer_id: bytes, peer: Peer, cmd: wire.Claim, now: int) -> None:
+        check_sub_id(cmd.sub)
+        if cmd.sub not in peer.subs:
+            self.check_room(peer)
+        key = sub_key(peer, cmd.sub)
+        if key in self.claims:
+            raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
+        wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
+        self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
+                          destructive=cmd.destructive, filter=cmd.filter)
+        peer.subs.add(cmd.sub)
+        self.claims[key] = (peer_id, cmd.req, now + wait_ms)
+
+    def end_due_claims(self, now: int) -> None:
+        """Claims whose wait ran out answer with nothing."""
+        for key, (peer_id, req, due) in list(self.claims.items()):
+            if due <= now:
+                del self.claims[key]
+                self.engine.end_claim(key)
+                self.send(peer_id, wire.encode(wire.Reply(req, {"count": 0})))
+
+    # ------------------------------------------------------------- settling
+
+    def settle(self, peer_id: bytes, peer: Peer, cmd: wire.Ack | wire.Cancel | wire.Expire, op: str,
+               action: Callable[[str, list[int], int], list[int]], now: int) -> None:
+        if cmd.sub not in peer.subs:
+            if op == "ack" and self.replayer.credit(sub_key(peer, cmd.sub), len(cmd.bookmarks)):
+                return  # a replay's client took these: room for more
+            self.reply(peer_id, wire.Refused(cmd.sub, op, cmd.bookmarks, "unknown-subscription"))
+            return
+        refused = action(sub_key(peer, cmd.sub), cmd.bookmarks, now)
+        if refused:
+            self.reply(peer_id, wire.Refused(cmd.sub, op, refused, "not-leased"))
+
+    def on_ack(self, peer_id: bytes, peer: Peer, cmd: wire.Ack, now: int) -> None:
+        self.settle(peer_id, peer, cmd, "ack", self.engine.ack, now)
+
+    def on_cancel(self, peer_id: bytes, peer: Peer, cmd: wire.Cancel, now: int) -> None:
+        self.settle(peer_id, peer, cmd, "cancel", self.engine.cancel, now)
+
+    def on_expire(self, peer_id: bytes, peer: Peer, cmd: wire.Expire, now: int) -> None:
+        self.settle(peer_id, peer, cmd, "expire", self.engine.expire, now)
+
+    def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
+        if cmd.sub not in peer.subs:
+            self.reply(peer_id, wire.Refused(cmd.sub, "extend", cmd.bookmarks, "unknown-subscription"))
+            return
+        refused = self.engine.extend(sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
+        if refused:
+            self.reply(peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
+
+    # -------------------------------------------------------------- reading
+
+    def on_stats(self, peer_id: bytes, peer: Peer, cmd: wire.Stats, now: int) -> None:
+        self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))
+
+    def on_queues(self, peer_id: bytes, peer: Peer, cmd: wire.Queues, now: int) -> None:
+        self.reply(peer_id, wire.Reply(cmd.req, [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()]))
+
+    def on_peek(self, peer_id: bytes, peer: Peer, cmd: wire.Peek, now: int) -> None:
+        """Up to ``limit`` waiting messages, and about ``PEEK_BYTES_MAX`` of them at most:
+        10,000 messages with 4 KiB headers made a 50 MB answer that held the loop 220 ms."""
+        limit = max(0, min(cmd.limit, 10_000))
+        items = self.engine.peek(cmd.queue, limit, cmd.filter)
+        out: list[dict] = []
+        size = 0
+        for r, (_, d) in zip(self.journal.get_messages([seq for seq, _ in items]), items):
+            out.append({"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload,
+                        "deliveries": d, "ts_ms": r.ts_ms})
+            size += len(r.payload) + sum(len(k) + len(v) for k, v in r.headers.items())
+            if size >= PEEK_BYTES_MAX:
+                break
+        self.reply(peer_id, wire.Reply(cmd.req, out))
+
+    def on_query(self, peer_id: bytes, peer: Peer, cmd: wire.QueryCmd, now: int) -> None:
+        self.reply(peer_id, wire.Reply(cmd.req, self.engine.query(cmd.queue, cmd.group_by, cmd.aggregates, cmd.filter)))
+
+    def on_bounds(self, peer_id: bytes, peer: Peer, cmd: wire.Bounds, now: int) -> None:
+        seq_at = self.journal.seq_at_time(cmd.at_ms) if cmd.at_ms is not None else None
+        self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))
+
+    def on_range(self, peer_id: bytes, peer: Peer, cmd: wire.Range, now: int) -> None:
+        self.ranges.forward(peer_id, cmd)  # the reader thread answers (zq.server.ranges)
+
+    def on_replay(self, peer_id: bytes, peer: Peer, cmd: wire.Replay, now: int) -> None:
+        check_sub_id(cmd.sub)
+        info = self.replayer.open(sub_key(peer, cmd.sub), peer_id, cmd)
+        self.reply(peer_id, wire.Reply(cmd.req, info))
+
+    # ------------------------------------------------------------ operators
+
+    def on_admin(self, peer_id: bytes, peer: Peer, cmd: wire.Admin, now: int) -> None:
+        result = admin.run(self, peer, cmd.op, cmd.args, now)
+        if type(result) is admin.Bulk:
+            self.start_bulk(peer_id, cmd.req, result, now)
+        else:
+            self.reply(peer_id, wire.Reply(cmd.req, result), durable=True)
+
+    def start_bulk(self, peer_id: bytes, req: int, bulk: admin.Bulk, now: int) -> None:
+        """Run a bulk action's first slice now; a small queue's answer leaves this iteration."""
+        if len(self.bulk_actions) >= limits.BULK_ACTIONS_MAX:
+            raise LimitError(f"{limits.BULK_ACTIONS_MAX} purges / moves / ack-filters / redrives are under way; "
+                             "try again when one ends")
+        action = BulkAction(peer_id, req, bulk, self.engine.bulk_cursor())
+        action.total += bulk.step(action.cursor, now)  # errors here are the request's: answered as usual
+        if action.cursor.done:
+            self.reply(peer_id, wire.Reply(req, action.total), durable=True)
+        else:
+            self.bulk_actions.append(action)
+
+    def run_bulk(self, now: int) -> None:
+        """One slice of the oldest bulk action (they take turns), answered when done."""
+        action = self.bulk_actions.popleft()
+        started = time.perf_counter()
+        try:
+            action.total += action.bulk.step(action.cursor, now)
+        except ZqError as exc:  # the queue was deleted under it, say
+            self.reply(action.peer_id, wire.Error(action.req, exc.code, f"{action.bulk.name} stopped after "
+                                                  f"{action.total} messages: {str(exc)[:1900]}"), durable=True)
+            return
+        except Exception as exc:  # noqa: BLE001 -- the safety net, as for commands
+            self.internal_errors += 1
+            log.exception("internal error in a slice of %s", action.bulk.name)
+            self.reply(action.peer_id, wire.Error(action.req, INTERNAL, f"internal error ({type(exc).__name__}) "
+                                                  f"after {action.total} messages; the dispatcher goes on"))
+            return
+        finally:
+            self.note_time(f"Admin({action.bulk.name}) slice", (time.perf_counter() - started) * 1000, action.peer_id)
+        if action.cursor.done:
+            self.reply(action.peer_id, wire.Reply(action.req, action.total), durable=True)
+        else:
+            self.bulk_actions.append(action)
+
+
+# Command type -> handler: the whole of the dispatch. ``tests/adapters`` checks that every
+# type the wire decodes from a client has an entry.
+Handler = Callable[[Any, bytes, Any, Any, int], None]
+HANDLERS: dict[type, Handler] = {
+    wire.Ack: Commands.on_ack,
+    wire.Publish: Commands.on_publish,
+    wire.Heartbeat: Commands.on_heartbeat,
+    wire.Hello: Commands.on_hello,
+    wire.Subscribe: Commands.on_subscribe,
+    wire.Cancel: Commands.on_cancel,
+    wire.Expire: Commands.on_expire,
+    wire.Extend: Commands.on_extend,
+    wire.Unsubscribe: Commands.on_unsubscribe,
+    wire.Bye: Commands.on_bye,
+    wire.Stats: Commands.on_stats,
+    wire.Peek: Commands.on_peek,
+    wire.Queues: Commands.on_queues,
+    wire.Range: Commands.on_range,
+    wire.Bounds: Commands.on_bounds,
+    wire.Admin: Commands.on_admin,
+    wire.Replay: Commands.on_replay,
+    wire.Claim: Commands.on_claim,
+    wire.QueryCmd: Commands.on_query,
+}

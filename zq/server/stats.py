@@ -1,0 +1,92 @@
+"""STATS: what the dispatcher reports about itself (``zq stats``, ``zq top``, metrics).
+
+``Stats`` is a mixin of ``zq.server.loop.Server``: it reads the loop's counters and the
+engine's; the attributes are declared here for the type checker.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from zq.core.engine import Engine
+from zq.journal.lmdb_journal import LmdbJournal
+from zq.server.commands import SERVER_NAME
+from zq.server.config import Config
+from zq.server.security import Security
+from zq.server.sessions import Peer
+
+
+class Stats:
+    """The STATS answer (docs/protocol.md lists every field)."""
+
+    config: Config
+    engine: Engine
+    journal: LmdbJournal
+    peers: dict[bytes, Peer]
+    security: Security | None
+    samples: collections.deque[tuple[int, tuple[int, int, int]]]
+    started_ms: int
+    frames_in: int
+    frames_out: int
+    loop_max_ms: float
+    loop_max_phases: dict[str, float]
+    slowest_command: tuple[float, str]
+    slow_commands: int
+    internal_errors: int
+    bulk_actions: collections.deque[Any]
+    journal_down: str | None
+    journal_down_since: int
+    journal_failures: int
+    endpoints: list[str]
+
+    def totals(self) -> tuple[int, int, int]:
+        qs = self.engine.queues.values()
+        return (self.engine.published, sum(q.delivered for q in qs), sum(q.acked for q in qs))
+
+    def rates(self, now: int) -> dict[str, float]:
+        """Per-second publish / deliver / ack rates over the last few seconds."""
+        if not self.samples:
+            return {"publish": 0.0, "deliver": 0.0, "ack": 0.0}
+        then, old = self.samples[0]
+        cur = self.totals()
+        dt = max(now - then, 1) / 1000
+        return {k: round((c - o) / dt, 1) for k, c, o in zip(("publish", "deliver", "ack"), cur, old)}
+
+    def stats(self, now: int) -> dict:
+        st = self.engine.stats()
+        for q in st["queues"].values():
+            for c in q["consumers"]:
+                peer = self.peers.get(bytes.fromhex(c["consumer"]))
+                c["name"] = peer.name if peer is not None else ""
+                c["heard_ms_ago"] = now - peer.last_heard_ms if peer is not None else None
+        st["peers"] = [
+            {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
+             "subscriptions": len(p.subs), "published": p.published}
+            for p in self.peers.values()
+        ]
+        st["server"] = {
+            "version": SERVER_NAME,
+            "uptime_ms": now - self.started_ms,
+            "durability": self.config.durability,
+            "journal_bytes": self.journal.size_bytes(),
+            "journal_map_bytes": self.journal.env.info()["map_size"],
+            "publishers": sum(1 for p in self.peers.values() if p.published and not p.subs),
+            "workers": sum(1 for p in self.peers.values() if p.subs),
+            "peers": len(self.peers),
+            "frames_in": self.frames_in,
+            "frames_out": self.frames_out,
+            "loop_max_ms": round(self.loop_max_ms, 3),
+            "loop_max_phases": self.loop_max_phases,
+            "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
+            "slow_commands": self.slow_commands,
+            "internal_errors": self.internal_errors,
+            "bulk_actions": len(self.bulk_actions),
+            "security": self.security.stats() if self.security is not None else {"on": False},
+            "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
+                        "down_ms": now - self.journal_down_since if self.journal_down else 0,
+                        "failures": self.journal_failures},
+            "endpoints": self.endpoints,
+            "rates": self.rates(now),
+        }
+        return st
