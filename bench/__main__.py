@@ -109,9 +109,12 @@ def run(scenario: str, quick: bool) -> list[dict]:
         n = 5_000 if quick else 300_000
         return [e2e.throughput(n, durability=d, backlog=256, mode="batch64") for d in ("batch", "fsync")]
     if scenario == "groups":
-        # The target compares 1,000 groups with no groups: both in the same invocation.
+        # The target compares 1,000 groups with no groups: both in the same invocation, with
+        # the one-in-flight policy (sequenced groups before the QIP's holder rule) beside.
         n = 5_000 if quick else 100_000
-        rows = [e2e.throughput(n, groups=g) for g in (0, 1000, 10)]
+        rows = [e2e.throughput(n, groups=g, group_policy=p)
+                for g, p in ((0, "sequenced"), (1000, "sequenced"), (10, "sequenced"), (1000, "one-in-flight"),
+                             (10, "one-in-flight"))]
         for row in rows[1:]:
             row["of_ungrouped"] = round(row["e2e_msgs_per_s"] / rows[0]["e2e_msgs_per_s"], 3)
         return rows

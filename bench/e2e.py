@@ -44,7 +44,8 @@ def percentiles(values: list[float], ps=(50, 99, 99.9)) -> dict:
 class Fleet:
     """A `zq serve` and N worker processes; workers report on SIGTERM."""
 
-    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker") -> None:
+    def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker",
+                 group_policy: str = "sequenced") -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.server = subprocess.Popen(
@@ -54,6 +55,8 @@ class Fleet:
         from zq.client import Client
 
         with Client(self.endpoint, connect_timeout=30) as c:
+            if group_policy != "sequenced":  # (the default of an auto-created queue)
+                c.create_queue(QUEUE, group_policy=group_policy)
             c.publish(QUEUE, b"warm-up")  # creates the queue; drained by the first worker
         self.outs = [Path(self.tmp) / f"w{i}.json" for i in range(workers)]
         self.workers = [
@@ -111,8 +114,8 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
 
 
 def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
-               consumer: str = "worker") -> dict:
-    fleet = Fleet(workers, backlog, durability, groups, consumer)
+               consumer: str = "worker", group_policy: str = "sequenced") -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy)
     try:
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
         fleet.wait_acked(n, timeout=600)
@@ -124,7 +127,8 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     confirmed = n / ((prod["last_confirm_ns"] - prod["first_ns"]) / 1e9)
     return {
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
-        "publish": mode, "groups": groups, "consumer": CONSUMERS[consumer],
+        "publish": mode, "groups": groups, "group_policy": group_policy if groups else None,
+        "consumer": CONSUMERS[consumer],
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         "worker_shares": [r["count"] for r in reports],
     }

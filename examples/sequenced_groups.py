@@ -4,8 +4,9 @@ time, while different customers are processed in parallel (Apache Qpid's groups)
     python examples/sequenced_groups.py [--endpoint tcp://127.0.0.1:7780] [--customers 6] [--orders 20]
 
 Needs a running dispatcher. Messages published with ``group=`` carry the ``group``
-header; a queue's default ``group_policy`` is ``sequenced``: while one message of a
-group is leased, the group's next one waits, whichever worker asks.
+header; a queue's default ``group_policy`` is ``sequenced`` (Qpid's QIP): the worker
+holding a group takes its next messages, in order, up to its backlog; nobody else gets
+any of that group until the holder holds none of it.
 """
 
 from __future__ import annotations

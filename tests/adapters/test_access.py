@@ -190,8 +190,8 @@ def test_operators_ack_purge_move_and_redrive_over_the_wire(dispatcher):
         for i in range(6):
             c.publish("work", json.dumps({"n": i}), headers={"customer": f"c{i % 2}", "kind": "x" if i < 2 else "y"},
                       msg_id=f"m{i}")
-        assert c.groups("work") == [{"group": "c0", "pending": 3, "in_flight": 0, "owner": None},
-                                    {"group": "c1", "pending": 3, "in_flight": 0, "owner": None}]
+        assert c.groups("work") == [{"group": "c0", "pending": 3, "in_flight": 0, "owner": None, "holder": None},
+                                    {"group": "c1", "pending": 3, "in_flight": 0, "owner": None, "holder": None}]
         assert c.ack_filter("work", "kind = 'x'") == 2
         assert c.purge("work", group="c0", filter="/n = 2") == 1
         assert c.move("work", "archive", filter="/n = 5") == 1

@@ -154,7 +154,7 @@ def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
     lines = "\n".join(json.dumps({"n": i}) for i in range(4))
     assert zq("publish", "work", *ep, "--header", "customer=c1", input=lines + "\n").returncode == 0
     run = zq("groups", "work", *ep, "--json")
-    assert json.loads(run.stdout) == {"group": "c1", "pending": 4, "in_flight": 0, "owner": None}
+    assert json.loads(run.stdout) == {"group": "c1", "pending": 4, "in_flight": 0, "owner": None, "holder": None}
     run = zq("purge", "work", *ep, "--filter", "/n = 0")
     assert run.returncode == 2 and "--yes" in run.stderr  # no terminal: destructive needs --yes
     assert zq("purge", "work", *ep, "--filter", "/n = 0", "--yes").stdout.strip() == "purged 1"

@@ -209,3 +209,39 @@ def test_sigterm_shuts_down_cleanly_and_nothing_confirmed_or_acked_is_lost(tmp_p
         remaining = [p["bookmark"] for p in c.peek("jobs", 100)]
     server.terminate()
     assert remaining == bookmarks[3:] and held.bookmark in remaining
+
+
+def test_the_qpid_sequenced_consumers_trace_over_real_sockets_and_groups_name_their_holder(server):
+    """qpid-python's shared-groups trace (issue: sequenced groups as the QIP defines
+    them): two consumers claiming one message at a time; A A A B B B C C C."""
+    with Client(server.endpoint, name="C1") as c1, Client(server.endpoint, name="C2") as c2:
+        names = ["A-0", "A-1", "A-2", "B-3", "B-4", "B-5", "C-6", "C-7", "C-8"]
+        for name in names:
+            c1.publish("trace", name, group=name[0])
+        held: dict[str, object] = {}
+
+        def take(c: Client) -> str:
+            got = c.claim("trace", limit=1, wait=5, lease=300)
+            assert len(got) == 1, got
+            held[got[0].data.decode()] = got[0]
+            return got[0].data.decode()
+
+        def ack(name: str) -> None:
+            held.pop(name).ack()  # type: ignore[attr-defined]
+            c1.stats()  # the ack has reached the dispatcher before the next claim (one round trip)
+            c2.stats()
+
+        assert take(c1) == "A-0"
+        assert take(c2) == "B-3"
+        ack("A-0")
+        assert take(c2) == "A-1"
+        assert take(c1) == "C-6"
+        ack("B-3")
+        assert take(c1) == "B-4"
+        ack("C-6")
+        assert take(c2) == "A-2"  # c2 holds A through A-1 (zq once gave it C-7)
+        rows = {r["group"]: r for r in c1.groups("trace")}
+        assert rows["A"]["in_flight"] == 2 and rows["A"]["holder"].endswith("C2")
+        assert rows["B"]["holder"].endswith("C1") and rows["C"]["holder"] is None
+        busiest = c1.stats()["queues"]["trace"]["group_summary"]["busiest"]
+        assert {b["group"]: b["holder"] for b in busiest}["C"] is None

@@ -290,8 +290,8 @@ def test_next_deadline_is_the_earliest_lease_end():
 # ------------------------------------------------------------ message groups
 
 
-def test_sequenced_group_never_has_two_messages_out_and_the_next_may_go_to_any_consumer():
-    h = Harness(q(fairness="round-robin", max_per_subscription_backlog=10, lease_ms=10**6))
+def test_a_one_in_flight_group_never_has_two_messages_out_and_the_next_may_go_to_any_consumer():
+    h = Harness(q(fairness="round-robin", max_per_subscription_backlog=10, lease_ms=10**6, group_policy="one-in-flight"))
     a1, a2 = h.pub("jobs", 2, group="A")
     h.sub("x", "jobs", 5)
     h.sub("y", "jobs", 5)
@@ -300,8 +300,68 @@ def test_sequenced_group_never_has_two_messages_out_and_the_next_may_go_to_any_c
     assert h.drain() == {"y": [a2]}
 
 
-def test_a_busy_group_never_blocks_other_groups_or_ungrouped_messages_behind_it():
+def test_a_sequenced_group_is_held_by_one_consumer_up_to_its_credit_then_free_for_anyone():
+    """Qpid's QIP, policy 2: the holder may take the group's next messages up to its
+    credit; nobody else gets any until the holder holds none of the group."""
+    h = Harness(q(fairness="round-robin", max_per_subscription_backlog=10, lease_ms=10**6))
+    a = h.pub("jobs", 5, group="A")
+    h.sub("x", "jobs", 3)
+    h.sub("y", "jobs", 3)
+    assert h.drain() == {"x": a[:3]}  # x holds A: y gets none although it has room
+    h.engine.ack("x", a[:1], h.now)
+    assert h.drain() == {"x": [a[3]]}  # still the holder (it holds a[1], a[2])
+    h.engine.ack("x", a[1:4], h.now)
+    assert h.engine.group_list("jobs")[0]["owner"] is None  # holds none: free
+    assert h.drain() == {"y": [a[4]]}  # round-robin: y's turn, and A may go to anyone now
+
+
+def test_the_qpid_sequenced_consumers_trace():
+    """qpid-python's shared-groups broker test, in zq terms: two consumers claiming one
+    message at a time; groups A A A B B B C C C published in that order."""
     h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    seq = {}
+    for name in ("A-0", "A-1", "A-2", "B-3", "B-4", "B-5", "C-6", "C-7", "C-8"):
+        seq[name] = h.pub("jobs", group=name[0])[0]
+    name_of = {v: k for k, v in seq.items()}
+
+    def take(c: str) -> str:
+        h.engine.claim(c, "jobs", c, 1, 10**6, h.now)
+        got = h.drain()
+        h.engine.end_claim(c)
+        assert list(got) == [c] and len(got[c]) == 1, got
+        return name_of[got[c][0]]
+
+    def ack(c: str, name: str) -> None:
+        assert h.engine.ack(c, [seq[name]], h.now) == []
+
+    assert take("c1") == "A-0"
+    assert take("c2") == "B-3"
+    ack("c1", "A-0")
+    assert take("c2") == "A-1"
+    assert take("c1") == "C-6"
+    ack("c2", "B-3")
+    assert take("c1") == "B-4"
+    ack("c1", "C-6")
+    assert take("c2") == "A-2"  # c2 holds A through A-1: A-2 is its (zq once gave it C-7)
+
+
+def test_a_cancelled_message_of_a_sequenced_group_keeps_its_place_and_its_holder():
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    a = h.pub("jobs", 3, group="A")
+    h.sub("x", "jobs", 2)
+    h.sub("y", "jobs", 5)
+    assert h.drain() == {"x": a[:2]}
+    h.engine.cancel("x", [a[0]], h.now)  # x still holds a[1]: the group stays x's
+    assert h.drain() == {"x": [a[0]]}
+    h.engine.cancel("x", a[:2], h.now)  # x holds none now: the group goes, from a[0] in order, to one consumer
+    got = h.drain()
+    assert len(got) == 1
+    (holder, taken), = got.items()
+    assert taken == a[: len(taken)] and len(taken) == min(3, {"x": 2, "y": 5}[holder])
+
+
+def test_a_busy_group_never_blocks_other_groups_or_ungrouped_messages_behind_it():
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6, group_policy="one-in-flight"))
     a1 = h.pub("jobs", group="A")[0]
     a2 = h.pub("jobs", group="A")[0]
     b1 = h.pub("jobs", group="B")[0]
@@ -312,8 +372,8 @@ def test_a_busy_group_never_blocks_other_groups_or_ungrouped_messages_behind_it(
     assert h.drain() == {"s": [a2]}
 
 
-def test_sequenced_group_order_survives_a_cancel():
-    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+def test_one_in_flight_group_order_survives_a_cancel():
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6, group_policy="one-in-flight"))
     a1, a2, a3 = h.pub("jobs", 3, group="A")
     h.sub("s", "jobs", 10)
     assert h.drain() == {"s": [a1]}
@@ -437,7 +497,7 @@ def test_the_time_index_forgets_finished_messages_so_memory_stays_bounded():
 
 
 def test_stats_show_ack_latency_oldest_age_processing_time_and_busy_groups():
-    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6, group_policy="one-in-flight"))
     a = h.pub("jobs", group="g1")[0]
     h.pub("jobs", 2, group="g1")
     h.now = 40

@@ -71,7 +71,7 @@ def test_a_cancelled_message_comes_back_to_a_matching_subscriber_in_its_place():
 
 
 def test_group_order_holds_when_a_filter_refuses_a_groups_head():
-    h = Harness()
+    h = Harness(QueueSettings(name="jobs", group_policy="one-in-flight"))
     h.sub("r", "jobs", backlog=5, filter="color = 'red'")
     first = h.pub("jobs", group="g", color="blue")
     second = h.pub("jobs", group="g", color="red")

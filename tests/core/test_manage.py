@@ -95,16 +95,22 @@ def test_move_republishes_elsewhere_and_redrive_returns_dead_letters_with_their_
     assert again.peek("jobs", 10) == [] and [s for s, _ in again.peek("elsewhere", 10)] == moved
 
 
-def test_groups_list_pending_and_in_flight():
-    h = Harness()
-    h.pub("jobs", 3, group="a")
-    h.pub("jobs", 1, group="b")
-    h.sub("w", "jobs", backlog=5)
-    h.drain()
-    assert h.engine.group_list("jobs") == [
-        {"group": "a", "pending": 2, "in_flight": 1, "owner": None},
-        {"group": "b", "pending": 0, "in_flight": 1, "owner": None},
-    ]
+def test_groups_list_pending_and_in_flight_and_the_holder_for_every_policy():
+    for policy in ("sequenced", "exclusive", "one-in-flight"):
+        h = Harness(QueueSettings(name="jobs", group_policy=policy))
+        h.pub("jobs", 3, group="a")
+        h.pub("jobs", 1, group="b")
+        h.sub("w", "jobs", backlog=2)
+        h.drain()
+        holder = None if policy == "one-in-flight" else "w"
+        a_out = 1 if policy == "one-in-flight" else 2
+        assert h.engine.group_list("jobs") == [
+            {"group": "a", "pending": 3 - a_out, "in_flight": a_out, "owner": holder},
+            {"group": "b", "pending": 1, "in_flight": 0, "owner": None},
+        ] if policy != "one-in-flight" else [
+            {"group": "a", "pending": 2, "in_flight": 1, "owner": None},
+            {"group": "b", "pending": 0, "in_flight": 1, "owner": None},
+        ], policy
 
 
 def test_run_time_queues_survive_restart_config_wins_and_delete_is_journaled():

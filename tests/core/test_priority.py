@@ -2,6 +2,8 @@
 
 import json
 
+import msgspec
+
 import pytest
 
 from zq.core import QueueSettings
@@ -114,7 +116,7 @@ def test_sort_levels_order_numbers_numerically_and_strings_by_their_bytes():
 
 
 def test_groups_keep_publish_order_and_compete_by_their_heads_rank():
-    h = Harness(PRIO)
+    h = Harness(msgspec.structs.replace(PRIO, group_policy="one-in-flight"))
     g_low = h.pub("jobs", group="g", prio="1")
     g_high = h.pub("jobs", group="g", prio="9")
     mid = h.pub("jobs", prio="5")

@@ -170,7 +170,7 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
         as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
     ) -> None:
-        """List a queue's groups with pending and in-flight counts and owners."""
+        """List a queue's groups with pending and in-flight counts and their holders."""
         with client_for(endpoint) as c:
             rows = run(lambda: c.groups(queue, limit))
         if as_json:
@@ -181,7 +181,7 @@ def register_management(app: typer.Typer) -> None:
 
         from zq.cli.views import rows_table
 
-        Console().print(rows_table(rows, ["group", "pending", "in_flight", "owner"]))
+        Console().print(rows_table(rows, ["group", "pending", "in_flight", "holder"]))
 
     @app.command()
     def purge(

@@ -163,7 +163,13 @@ class Queue:
         self.topic_re = compile_pattern(s.topics) if s.topics is not None else None
         self.at_most_once = s.semantics == "at-most-once"
         self.fairness = s.effective_fairness()
+        # Group policies (docs/protocol.md §11). ``owned``: a group has a holder, and only
+        # the holder takes its next messages, up to the holder's credit: for life in
+        # ``exclusive``, while it holds any of them in ``sequenced`` (Qpid's QIP, policy 2).
+        # ``one-in-flight``: no holder, one message of a group out at a time.
         self.exclusive = s.group_policy == "exclusive"
+        self.owned = s.group_policy in ("exclusive", "sequenced")
+        self.held_while_busy = s.group_policy == "sequenced"
         self.grouped = bool(s.group_header) and not s.browse_only  # browsers ignore groups: nothing is leased
         self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
         # Overflow (max_depth / max_bytes): sizes are kept only when max_bytes is set.
@@ -452,7 +458,7 @@ class Queue:
     def group_can_go(self, grp: Group) -> bool:
         if grp.held:
             return False
-        if self.exclusive:
+        if self.owned:
             owner = grp.owner
             return owner is None or owner.used < owner.backlog
         return grp.inflight == 0
@@ -467,7 +473,7 @@ class Queue:
     def group_became_pending(self, grp: Group) -> None:
         if self.group_can_go(grp):
             self.push_ready(grp)
-        elif self.exclusive and grp.owner is not None:
+        elif self.owned and grp.owner is not None:
             grp.owner.waiting_groups.add(grp.gid)
 
     def after_group_pop(self, grp: Group) -> None:
@@ -480,7 +486,7 @@ class Queue:
 
     def choose(self, grp: Group | None) -> Subscription | None:
         """Pick the subscription for the next message by the queue's fairness."""
-        if grp is not None and self.exclusive and grp.owner is not None:
+        if grp is not None and self.owned and grp.owner is not None:
             return grp.owner  # group_can_go() checked its credit
         subs = self.subs
         if self.fairness == "proportional":
@@ -580,7 +586,7 @@ class Queue:
 
     def choose_for(self, grp: Group | None, seq: int) -> Subscription | None:
         """``choose`` among the subscriptions whose filter matches ``seq``."""
-        if grp is not None and self.exclusive and grp.owner is not None:
+        if grp is not None and self.owned and grp.owner is not None:
             owner = grp.owner
             if owner.match is None or owner.match(seq):
                 return owner
@@ -604,7 +610,8 @@ class Queue:
         return None
 
     def disown(self, grp: Group) -> None:
-        """An exclusive group leaves its owner (whose filter refuses its next message)."""
+        """A group leaves its holder: an exclusive one whose filter refuses the group's
+        next message, a sequenced one that holds none of it any more."""
         owner = grp.owner
         assert owner is not None and grp.inflight == 0
         owner.owned_groups.discard(grp.gid)
@@ -678,11 +685,11 @@ class Queue:
                 grp = groups[gid] if gid else None
                 if grp is not None:
                     owner = grp.owner
-                    if self.exclusive and owner is not None and owner is not sub:
+                    if self.owned and owner is not None and owner is not sub:
                         if grp.inflight or owner.match is None or owner.match(seq):
                             continue
                         self.disown(grp)
-                    if not self.exclusive and grp.inflight:
+                    if not self.owned and grp.inflight:
                         continue
                 if sub.match is not None and not sub.match(seq):
                     continue
@@ -749,7 +756,7 @@ class Queue:
         self.delivered += 1
         if grp is not None:
             grp.inflight += 1
-            if self.exclusive and grp.owner is None:
+            if self.owned and grp.owner is None:
                 grp.owner = sub
                 sub.owned_groups.add(grp.gid)
 
@@ -855,12 +862,18 @@ class Queue:
         if gid:
             grp = self.groups[gid]
             grp.inflight -= 1
-            if grp.held:
-                self.skipped_gen += 1  # its set-aside head may be eligible now
-            elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
-                self.push_ready(grp)
+            self.group_settled(grp)
         self.dirty = True
         return lease, m
+
+    def group_settled(self, grp: Group) -> None:
+        """One of ``grp``'s messages left its holder (settled, returned or expired)."""
+        if grp.inflight == 0 and self.held_while_busy and grp.owner is not None:
+            self.disown(grp)  # holds none of it now: the group's next message may go to anyone
+        if grp.held:
+            self.skipped_gen += 1  # its set-aside head may be eligible now
+        elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
+            self.push_ready(grp)
 
     def credit_opened(self, sub: Subscription) -> None:
         """Exclusive groups parked for ``sub``'s credit may go again."""
@@ -923,7 +936,7 @@ class Queue:
         once, after the batch: ``ready`` is a heap, so the order of pushes is moot."""
         if self.browse or self.ordered or self.sizes is not None or self.lvq_key_of:
             return [seq for seq in seqs if self.ack(sub, seq, now_ms) is not None]
-        lease_of, meta, groups, exclusive = self.lease_of, self.meta, self.groups, self.exclusive
+        lease_of, meta, groups = self.lease_of, self.meta, self.groups
         events = self.events_out.get((R.ACKED, sub.consumer, ""))
         if events is None:
             events = self.events_out[(R.ACKED, sub.consumer, "")] = []
@@ -945,10 +958,7 @@ class Queue:
             if gid:  # release() then finish() of a grouped message
                 grp = groups[gid]
                 grp.inflight -= 1
-                if grp.held:
-                    self.skipped_gen += 1  # its set-aside head may be eligible now
-                elif not exclusive and grp.inflight == 0 and grp.has_pending():
-                    self.push_ready(grp)
+                self.group_settled(grp)
                 grp.count -= 1
                 self.maybe_forget_group(grp)
         if done:

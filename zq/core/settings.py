@@ -15,7 +15,7 @@ from zq.core.regex import PatternError, compile_pattern
 
 SEMANTICS = ("at-least-once", "at-most-once")
 FAIRNESS = ("fast", "round-robin", "proportional")
-GROUP_POLICIES = ("sequenced", "exclusive")
+GROUP_POLICIES = ("sequenced", "exclusive", "one-in-flight")
 OVERFLOW_POLICIES = ("reject", "ring", "flow-control")
 
 

@@ -17,13 +17,14 @@ from zq.core.engine import Engine
 from zq.core.errors import ProtocolError
 from zq.core.manage import BulkCursor
 from zq.server.config import QueueSection, queue_settings
-from zq.server.sessions import Peer, sub_key
+from zq.server.sessions import Peer, holder_name, sub_key
 
 
 class AdminHost(Protocol):
     """What an operation needs of the dispatcher (the loop passes itself)."""
 
     engine: Engine
+    peers: dict[bytes, Peer]
 
     def configured_queue(self, name: str) -> bool: ...
 
@@ -100,7 +101,10 @@ def redrive(server: AdminHost, peer: Peer, a: QueueArgs, now: int) -> Any:
 
 
 def groups(server: AdminHost, peer: Peer, a: GroupsArgs, now: int) -> Any:
-    return server.engine.group_list(a.queue, a.limit)
+    rows = server.engine.group_list(a.queue, a.limit)
+    for row in rows:  # Qpid's queue query: each group's holder, by the name it gave at HELLO
+        row["holder"] = holder_name(server.peers, row["owner"])
+    return rows
 
 
 def queue_create(server: AdminHost, peer: Peer, a: QueueSection, now: int) -> Any:

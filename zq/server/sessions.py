@@ -31,6 +31,17 @@ def sub_key(peer: Peer, sub: str) -> str:
     return f"{peer.consumer}/{sub}"
 
 
+def holder_name(peers: dict[bytes, Peer], consumer: str | None) -> str | None:
+    """The name a group's holder gave at HELLO (its consumer id if it gave none)."""
+    if consumer is None:
+        return None
+    try:
+        peer = peers.get(bytes.fromhex(consumer))
+    except ValueError:
+        return consumer
+    return (peer.name or consumer) if peer is not None else consumer
+
+
 def check_sub_id(sub: str) -> None:
     if not sub or len(sub) > limits.NAME_BYTES_MAX or len(sub.encode()) > limits.NAME_BYTES_MAX:
         raise ProtocolError(f"a subscription id must be 1..{limits.NAME_BYTES_MAX} bytes")

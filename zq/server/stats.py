@@ -14,7 +14,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
 from zq.server.security import Security
-from zq.server.sessions import Peer
+from zq.server.sessions import Peer, holder_name
 
 
 class Stats:
@@ -56,6 +56,8 @@ class Stats:
     def stats(self, now: int) -> dict:
         st = self.engine.stats()
         for q in st["queues"].values():
+            for b in q.get("group_summary", {}).get("busiest", ()):
+                b["holder"] = holder_name(self.peers, b["owner"])
             for c in q["consumers"]:
                 peer = self.peers.get(bytes.fromhex(c["consumer"]))
                 c["name"] = peer.name if peer is not None else ""

@@ -7,7 +7,9 @@ the safety properties zq promises after every step:
 * no acknowledged message is ever delivered again;
 * nothing vanishes: every confirmed message is acked, expired, waiting or leased;
 * no subscription holds more than its backlog (and the engine agrees on the count);
-* a sequenced group never has two messages out at once, and goes in publish order;
+* a sequenced group is never out at two consumers at once (its holder may take several,
+  up to its credit), and goes in publish order; a one-in-flight group never has two
+  messages out at once;
 * an exclusive group is never split across live consumers, and goes in order;
 * a queue with a target depth never holds more than that many messages in memory,
   and every message it does not hold is in its journal-only part;
@@ -181,13 +183,13 @@ class Oracle:
             if other == seq:
                 continue
             if other in view.held:
-                if view.group_policy == "sequenced":
+                if view.group_policy == "one-in-flight":
                     raise InvariantError(
-                        f"{ev.queue}: sequenced group {group!r} has {other} out while {seq} is leased"
+                        f"{ev.queue}: one-in-flight group {group!r} has {other} out while {seq} is leased"
                     )
                 if view.held[other] != ev.consumer:
                     raise InvariantError(
-                        f"{ev.queue}: exclusive group {group!r} split: {other} at {view.held[other]}, "
+                        f"{ev.queue}: {view.group_policy} group {group!r} split: {other} at {view.held[other]}, "
                         f"{seq} to {ev.consumer}"
                     )
             if other < seq and other not in view.finished and other not in view.held:
@@ -247,7 +249,7 @@ class Oracle:
                     raise InvariantError(
                         f"{name}: engine says {sub.consumer} holds {sub.used}, journal says {held_by.get(sub.consumer, 0)}"
                     )
-            if view.group_policy == "exclusive":
+            if view.group_policy in ("exclusive", "sequenced"):
                 owners: dict[str, set[str]] = {}
                 for seq, consumer in view.held.items():
                     g = view.confirmed.get(seq)
@@ -255,7 +257,7 @@ class Oracle:
                         owners.setdefault(g, set()).add(consumer)
                 for g, who in owners.items():
                     if len(who) > 1:
-                        raise InvariantError(f"{name}: exclusive group {g!r} held by {sorted(who)}")
+                        raise InvariantError(f"{name}: {view.group_policy} group {g!r} held by {sorted(who)}")
 
     def unfinished(self) -> dict[str, list[int]]:
         return {name: sorted(view.open) for name, view in self.queues.items() if view.open and not view.browse}
@@ -278,15 +280,22 @@ def check_engine(engine: Engine) -> None:
             if engine.subs.get(s.sub_id) is not s:
                 raise InvariantError(f"{q.name}: subscription {s.sub_id} unknown to the engine")
         inflight: dict[int, int] = {}
-        for seq in q.lease_of:
+        holders: dict[int, set[str]] = {}
+        for seq, lease in q.lease_of.items():
             gid = q.meta[seq] >> 32
             if gid:
                 inflight[gid] = inflight.get(gid, 0) + 1
+                holders.setdefault(gid, set()).add(lease.sub.sub_id)
         for gid, grp in q.groups.items():
             if grp.inflight != inflight.get(gid, 0):
                 raise InvariantError(f"{q.name}: group {grp.name} inflight={grp.inflight}, leases say {inflight.get(gid, 0)}")
-            if not q.exclusive and grp.inflight > 1:
-                raise InvariantError(f"{q.name}: sequenced group {grp.name} has {grp.inflight} in flight")
+            if not q.owned and grp.inflight > 1:
+                raise InvariantError(f"{q.name}: one-in-flight group {grp.name} has {grp.inflight} in flight")
+            if q.owned and grp.inflight and (grp.owner is None or holders[gid] != {grp.owner.sub_id}):
+                raise InvariantError(f"{q.name}: group {grp.name} leased to {sorted(holders[gid])}, "
+                                     f"holder {grp.owner.sub_id if grp.owner else None}")
+            if q.held_while_busy and grp.owner is not None and not grp.inflight:
+                raise InvariantError(f"{q.name}: sequenced group {grp.name} has a holder that holds none of it")
             pending = list(grp.pending[grp.phead:])
             if pending != sorted(pending):
                 raise InvariantError(f"{q.name}: group {grp.name} pending out of order")

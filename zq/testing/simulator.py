@@ -80,7 +80,7 @@ class SimOptions:
                     expiration_ms=rng.choice([0, 0, 500, 3000]),
                     dead_letter=rng.choice([None, f"q{i}.dead"]),
                     group_header=rng.choice([None, "group", "group"]),
-                    group_policy=rng.choice(["sequenced", "exclusive"]),
+                    group_policy=rng.choice(["sequenced", "exclusive", "one-in-flight"]),
                     filter=rng.choice([None, None, "color != 'blue'"]),
                     max_depth=rng.choice([0, 0, 0, 20, 60]),
                     overflow=rng.choice(["reject", "ring", "flow-control"]),

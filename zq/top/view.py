@@ -81,12 +81,18 @@ def consumers_table(m: TopModel) -> Table:
     return t
 
 
+def holder_label(busiest: dict) -> str:
+    """A group's holder: the name it gave at HELLO (short), else its consumer id's start."""
+    return (busiest.get("holder") or busiest["owner"])[:12] if busiest.get("holder") != busiest["owner"] \
+        else busiest["owner"][:8]
+
+
 def groups_table(m: TopModel) -> Table:
     t = Table(title="groups", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("queue", "groups", "in flight", "busiest (pending, owner)"):
+    for col in ("queue", "groups", "in flight", "busiest (pending, holder)"):
         t.add_column(col, no_wrap=True)
     for g in m.groups:
-        busiest = ", ".join(f"{b['group']} ({b['pending']}{', ' + b['owner'][:8] if b['owner'] else ''})" for b in g.busiest)
+        busiest = ", ".join(f"{b['group']} ({b['pending']}{', ' + holder_label(b) if b['owner'] else ''})" for b in g.busiest)
         t.add_row(g.queue, f"{g.groups:,}", f"{g.in_flight:,}", busiest or "-")
     return t
 
