@@ -9,7 +9,8 @@ costs per message), claims (a claim's round trip, a long poll's wake-up), kinds 
 10-level priority queue next to a FIFO: memory per message and engine throughput),
 ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors
 (raw pyzmq latency on this machine, paced as the latency scenario). Results go to
-bench/results/.
+bench/runs/ (not tracked); ``--record`` writes them to bench/results/, the tracked
+figures the docs cite, on purpose.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
+RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors")
 
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run one scenario")
     r.add_argument("scenario")
     r.add_argument("--quick", action="store_true", help="tiny sizes (the test suite runs these)")
-    r.add_argument("--out", default=None, help="JSON file to write (default bench/results/SCENARIO.json)")
+    r.add_argument("--out", default=None, help="JSON file to write (default bench/runs/SCENARIO.json)")
+    r.add_argument("--record", action="store_true", help="write to bench/results/, the tracked figures the docs cite")
     r.add_argument("--repeat", type=int, default=1, help="run N times; print the median [min-max] of each figure")
     args = parser.parse_args(argv)
     runs = [[{**row, "scenario": args.scenario} for row in run(args.scenario, args.quick)] for _ in range(args.repeat)]
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print("  ".join(f"{k}={v}" for k, v in row.items() if k != "runs"))
     print(f"machine: {meta['cores']} cores, {meta['cpu']}, Python {meta['python']}, {meta['date']}")
-    out = Path(args.out) if args.out else RESULTS / f"{args.scenario}{'-quick' if args.quick else ''}.json"
+    where = RESULTS if args.record else RUNS
+    out = Path(args.out) if args.out else where / f"{args.scenario}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": meta, "results": rows}, indent=2) + "\n")
     from bench.plot import plot

@@ -152,6 +152,11 @@ def test_replay_reads_a_topic_from_the_start_a_bookmark_or_a_time_without_queue_
         newest = c.publish("ticks", b"fresh")
         assert [m.bookmark for m in c.replay("ticks", since_ms=later)] == [newest]
         assert [m.data for m in c.replay("^t.*")][-1] == b"fresh"
+        # Without follow a replay stops at the journal's end, even when it starts there
+        # ("now") or past it (a future bookmark): it once waited forever.
+        for start in ("now", newest + 1000):
+            with c.replay("ticks", start=start) as r, pytest.raises(StopIteration):  # END, not a wait
+                assert r.get(timeout=10) is not None, f"a replay from {start!r} did not end"
 
 
 def test_replay_with_follow_continues_live_and_a_small_window_still_delivers_everything(dispatcher):

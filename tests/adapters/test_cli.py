@@ -145,6 +145,7 @@ def test_demo_runs_a_small_fleet_and_prints_a_summary():
     run = zq("demo", "--messages", "600", "--workers", "2", timeout=120)
     assert run.returncode == 0, run.stderr
     assert "summary" in run.stdout and "acked 600" in run.stdout and "worker-2" in run.stdout
+    assert "on purpose" in run.stdout  # redeliveries are explained, not a surprise
 
 
 def test_management_and_journal_tools_from_the_command_line(server, tmp_path):

@@ -111,6 +111,29 @@ def test_asyncio_client_has_the_same_shape(dispatcher):
     assert sent == got and claimed == [b'{"n": 1}'] and rows == [{"count": 0}]
 
 
+def test_asyncio_connect_and_subscribe_work_with_and_without_await(dispatcher):
+    """``async with zq.aio.connect(...)`` (the README's shape) and ``await`` both work,
+    for the client and for a subscription; ``async with`` closes what it opened."""
+    async def main():
+        async with zq.aio.connect(dispatcher.endpoint) as c:
+            await c.publish("aio.shapes", b"one")
+            async with c.subscribe("aio.shapes", max_backlog=2) as sub:
+                msg = await sub.get(timeout=5)
+                msg.ack()
+            assert sub.sub.closed
+        assert c.client.closed
+        c2 = await zq.aio.connect(dispatcher.endpoint)
+        sub2 = await c2.subscribe("aio.shapes", max_backlog=2)
+        await c2.publish("aio.shapes", b"two")
+        msg2 = await sub2.get(timeout=5)
+        msg2.ack()
+        await sub2.close()
+        await c2.close()
+        return msg.data, msg2.data
+
+    assert asyncio.run(main()) == (b"one", b"two")
+
+
 def test_a_worker_reconnects_and_resubscribes_after_the_server_restarts(tmp_path):
     server = ServerProcess(tmp_path).start()
     worker = WorkerProcess(server.endpoint, "jobs", tmp_path / "w.log")

@@ -114,6 +114,21 @@ def test_zq_top_once_prints_one_plain_frame(tmp_path):
         server.terminate()
 
 
+def test_a_busy_metrics_port_is_one_line_not_a_traceback(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "zq.cli", "serve", "--data", str(tmp_path / "j"), "--bind",
+                              f"ipc://{tmp_path}/zq.sock", "--metrics", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, env=env(), timeout=60)
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [f"zq: cannot serve metrics on 127.0.0.1:{port}: Address already in use"]
+
+
 def test_metrics_are_scraped_and_parse_as_prometheus_text(tmp_path):
     port = free_port()
     server = ServerProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()

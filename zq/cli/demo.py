@@ -43,7 +43,7 @@ def run_demo(*, messages: int, workers: int, backlog: int, fail_rate: float, dat
             wait_for_workers(client, workers)
             elapsed = publish_and_watch(console, client, messages)
             st = client.stats()
-        summary(console, st, messages, elapsed)
+        summary(console, st, messages, elapsed, fail_rate)
         return 0
     finally:
         for p in procs:
@@ -94,7 +94,7 @@ def publish_and_watch(console: Console, client: Client, messages: int) -> float:
     return time.monotonic() - start
 
 
-def summary(console: Console, st: dict, messages: int, elapsed: float) -> None:
+def summary(console: Console, st: dict, messages: int, elapsed: float, fail_rate: float = 0.0) -> None:
     q = st["queues"][QUEUE]
     table = Table(title="zq demo: summary", title_justify="left")
     table.add_column("worker")
@@ -106,7 +106,8 @@ def summary(console: Console, st: dict, messages: int, elapsed: float) -> None:
     console.print(table)
     console.print(
         f"messages {messages}, acked {q['acked']}, in {elapsed:.2f}s = {q['acked'] / elapsed:,.0f} msgs/s end to end; "
-        f"redeliveries {q['redelivered']} (cancelled {q['cancelled']}), dead-lettered {q['dead_lettered']}, "
+        f"redeliveries {q['redelivered']} (the workers cancel {fail_rate:.0%} of jobs on purpose, --fail-rate: "
+        f"{q['cancelled']} cancelled, each delivered again), dead-lettered {q['dead_lettered']}, "
         f"groups kept in order: {CUSTOMERS} customers, sequenced"
     )
 

@@ -4,20 +4,47 @@ It shares the sync client's I/O thread (one socket owner); confirmations and
 replies arrive as futures wrapped for the event loop, deliveries are pushed into an
 ``asyncio.Queue`` with ``call_soon_threadsafe``.
 
-    async with await zq.aio.connect(endpoint) as c:
+    async with zq.aio.connect(endpoint) as c:           # or: c = await zq.aio.connect(endpoint)
         await c.publish("jobs", b"x")
-        async with await c.subscribe("jobs", max_backlog=16) as sub:
+        async with c.subscribe("jobs", max_backlog=16) as sub:   # or: sub = await c.subscribe(...)
             async for msg in sub:
-                msg.ack()
+                msg.ack()                                   # queued for the I/O thread: not awaited
+
+``connect`` and ``subscribe`` return an ``Opening``: awaited, it gives the client (or
+subscription); used with ``async with``, it also closes it at the end (the two shapes
+aiohttp and redis-py offer).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Generic, TypeVar
 
 from zq.client.client import Client
 from zq.client.messages import Message, Subscription
+
+
+T = TypeVar("T")
+
+
+class Opening(Generic[T]):
+    """``await opening`` -> the thing; ``async with opening as thing`` -> it, closed at
+    the end. ``make`` is called once, by whichever shape is used."""
+
+    def __init__(self, make: Callable[[], Awaitable[T]]) -> None:
+        self._make = make
+        self._value: Any = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._make().__await__()
+
+    async def __aenter__(self) -> T:
+        self._value = await self._make()
+        return await self._value.__aenter__()  # type: ignore[no-any-return]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._value.__aexit__(*exc)
 
 
 class AsyncSubscription:
@@ -101,7 +128,11 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, lambda: self.client.publish_many(topic, messages, **kw))
 
-    async def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> AsyncSubscription:
+    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> Opening[AsyncSubscription]:
+        """``await c.subscribe(...)`` or ``async with c.subscribe(...) as sub``."""
+        return Opening(lambda: self._subscribe(queue, max_backlog, filter))
+
+    async def _subscribe(self, queue: str, max_backlog: int, filter: str | None) -> AsyncSubscription:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[list[Message]] = asyncio.Queue()
 
@@ -143,8 +174,13 @@ class AsyncClient:
         await self.close()
 
 
-async def connect(endpoint: str | None = None, **kw: Any) -> AsyncClient:
-    from zq.client import connect as sync_connect
+def connect(endpoint: str | None = None, **kw: Any) -> Opening[AsyncClient]:
+    """``await zq.aio.connect(...)`` or ``async with zq.aio.connect(...) as c``."""
+    return Opening(lambda: _connect(endpoint, kw))
+
+
+async def _connect(endpoint: str | None, kw: dict[str, Any]) -> AsyncClient:
+    from zq.client.client import connect as sync_connect
 
     loop = asyncio.get_running_loop()
     return AsyncClient(await loop.run_in_executor(None, lambda: sync_connect(endpoint, **kw)))

@@ -146,7 +146,11 @@ class Server(Commands, Stats):
         if config.metrics:
             from zq.server.metrics import serve_metrics
 
-            self.metrics = serve_metrics(lambda: self.snapshot, config.metrics)
+            try:
+                self.metrics = serve_metrics(lambda: self.snapshot, config.metrics)
+            except ZqError:
+                self.close()  # the sockets and the journal opened above
+                raise
 
     # ----------------------------------------------------------- lifecycle
 

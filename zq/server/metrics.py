@@ -99,5 +99,8 @@ def serve_metrics(latest: Callable[[], dict | None], address: str) -> MetricsEnd
         raise ConfigError(f"--metrics wants HOST:PORT, got {address!r}")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ZqCollector(latest))  # type: ignore[arg-type]
-    httpd, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    try:
+        httpd, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    except OSError as exc:  # a busy port: one line, as for the main endpoint
+        raise ConfigError(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
     return MetricsEndpoint(httpd, thread)

@@ -126,6 +126,10 @@ class Replayer:
         self.turn = (self.turn + 1) % len(items)
         budget = PUMP_READ_MAX  # shared, starting at a different replay each time: none starves
         for key, r in items[self.turn:] + items[: self.turn]:
+            if r.end is not None and r.cursor >= r.end:  # from "now" or a future bookmark, without follow
+                del self.replays[key]
+                send(r.peer_id, wire.encode(wire.End(r.sub, r.sent)))
+                continue
             room = r.window - r.in_flight
             stop = journal_end if r.end is None else min(r.end, journal_end)
             if room <= 0 or r.cursor >= stop:
