@@ -189,3 +189,35 @@ def test_queue_kinds_from_the_command_line(server):
     assert "(tqd=2)" in table and "2+1" in table, table  # depth 2, one more in the journal only
     run = zq("queue", "create", "bad", "--priority", "p", "--sort-key", "k", *ep)
     assert run.returncode != 0 and "not both" in run.stderr
+
+
+def test_version_and_short_help():
+    from importlib.metadata import version
+
+    for flag in ("--version", "-V"):
+        run = zq(flag)
+        assert run.returncode == 0 and run.stdout.strip() == f"zq {version('zq')}", run
+    for args in (("-h",), ("publish", "-h"), ("journal", "-h")):
+        run = zq(*args)
+        assert run.returncode == 0 and "Usage:" in run.stdout, (args, run.stderr)
+
+
+def test_consume_says_what_a_failed_command_means_and_when_it_made_a_queue(server, tmp_path):
+    assert zq("publish", "work", "one", ZQ_ENDPOINT=server.endpoint).returncode == 0
+    run = zq("consume", "work", "-n", "1", "-x", str(tmp_path / "missing.sh"), ZQ_ENDPOINT=server.endpoint)
+    assert run.returncode == 0, run.stderr
+    assert ("the command exited 127 for bookmark 1 (delivery 1): cancelled; it will be delivered again, up to 20 "
+            "deliveries, then dead-lettered to 'work.dead'") in run.stderr
+    run = zq("consume", "wrok", "-t", "0.5", ZQ_ENDPOINT=server.endpoint)
+    assert run.returncode == 0 and "there was no queue 'wrok': created it empty" in run.stderr
+    run = zq("consume", "work", "-n", "1", ZQ_ENDPOINT=server.endpoint)  # it is delivered again
+    assert run.returncode == 0 and "there was no queue" not in run.stderr
+    again = json.loads(run.stdout)
+    assert again["bookmark"] == 1 and again["deliveries"] >= 2
+
+
+def test_a_command_with_no_dispatcher_there_says_so_in_one_line(tmp_path):
+    run = zq("stats", "-e", f"ipc://{tmp_path}/nobody.sock", timeout=60)
+    assert run.returncode == 3
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is `zq serve` running?" in lines[0], run.stderr  # no "reconnecting" first

@@ -316,6 +316,10 @@ def test_connections_and_subscriptions_per_connection_have_configured_limits(tmp
     ("[[queue]]\nname = 'q'\nlease = '" + "9" * 400 + "d'\n", "100 years"),
     ("[[queue]]\nname = '" + "n" * 481 + "'\n", "longer than 480"),
     ("[[queue]]\nname = 'q'\ntopics = '^(a)\\1$'\n", "linear time"),
+    ("[[queue]]\nname = 'q'\nlease = 30\n", r'queue\[0\]\.lease: a duration needs its unit, in quotes: lease = "30s"'),
+    ("[server]\nheartbeat = 1\n", r'server\.heartbeat: a duration needs its unit'),
+    ("[queue]\nname = 'q'\n", r"write \[\[queue\]\], not \[queue\]"),
+    ("[[queue]]\nname = 'q'\nlease = '-5s'\n", r"zq\.toml: queue\[0\]\.lease: '-5s' is not a duration"),  # names the file
 ])
 def test_bad_config_keys_are_refused_naming_the_key(tmp_path, toml, words):
     from zq.server.config import Config

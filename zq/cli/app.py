@@ -26,7 +26,20 @@ app = typer.Typer(
     help="zq: a journaled ZeroMQ work-queue dispatcher. Start with `zq demo`, then `zq serve`.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"zq {version('zq')}")
+        except PackageNotFoundError:  # run from a tree that is not installed
+            typer.echo("zq (not installed)")
+        raise typer.Exit(RET_OK)
+
 
 @app.callback()
 def keys(
@@ -34,6 +47,8 @@ def keys(
                                       "with [security] [env ZQ_KEY]"),
     server_key: Optional[str] = typer.Option(None, "--server-key", help="the dispatcher's public key file (or z85 "
                                              "key) [env ZQ_SERVER_KEY]"),
+    version: bool = typer.Option(False, "--version", "-V", help="print zq's version and exit", is_eager=True,
+                                 callback=show_version),
 ) -> None:
     """CurveZMQ keys for every client command (they read ZQ_KEY / ZQ_SERVER_KEY)."""
     if key:
@@ -158,15 +173,30 @@ def consume(
     if concurrency < 1:
         raise fail("--concurrency must be at least 1", RET_USAGE)
     with client_for(endpoint) as c:
+        known = {q["name"]: q for q in c.queues()}
         try:
             sub = c.subscribe(queue, max_backlog=max_backlog or concurrency, filter=filter)
         except ZqError as exc:
             raise fail(str(exc), RET_USAGE) from None
+        if queue not in known:  # a typo creates a queue: say so rather than wait in silence
+            typer.echo(f"zq consume: there was no queue {queue!r}: created it empty; waiting for messages "
+                       "(Ctrl-C to stop)", err=True)
+        settings = known.get(queue) or next((q for q in c.queues() if q["name"] == queue), {})
         with sub:
             if exec_:
-                run_exec(sub, exec_, concurrency, count, timeout)
+                run_exec(sub, exec_, concurrency, count, timeout, retry_note(settings))
             else:
                 print_messages(sub, count, timeout)
+
+
+def retry_note(settings: dict) -> str:
+    """What happens to a message whose command failed, from the queue's settings."""
+    limit = settings.get("max_deliveries") or 0
+    dead = settings.get("dead_letter")
+    if not limit:
+        return "it will be delivered again (no delivery limit on this queue)"
+    after = f"to {dead!r}" if dead else "(dropped: the queue has no dead_letter)"
+    return f"it will be delivered again, up to {limit} deliveries, then dead-lettered {after}"
 
 
 def print_messages(sub, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
@@ -181,7 +211,8 @@ def print_messages(sub, count: int | None, timeout: float | None) -> None:  # ty
         seen += 1
 
 
-def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
+def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: float | None,  # type: ignore[no-untyped-def]
+             on_failure: str = "it will be delivered again") -> None:
     slots = threading.Semaphore(concurrency)
 
     def work(msg) -> None:  # type: ignore[no-untyped-def]
@@ -189,7 +220,12 @@ def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: fl
             env = dict(os.environ, ZQ_BOOKMARK=str(msg.bookmark), ZQ_TOPIC=msg.topic,
                        ZQ_DELIVERIES=str(msg.deliveries), ZQ_GROUP=msg.group or "")
             rc = subprocess.run(command, shell=True, input=msg.data, env=env).returncode
-            (msg.ack if rc == 0 else msg.cancel)()
+            if rc == 0:
+                msg.ack()
+                return
+            msg.cancel()
+            typer.echo(f"zq consume: the command exited {rc} for bookmark {msg.bookmark} (delivery "
+                       f"{msg.deliveries}): cancelled; {on_failure}", err=True)
         finally:
             slots.release()
 

@@ -512,7 +512,10 @@ class Client:
                 sock.send(wire.HEARTBEAT_FRAME)
                 last_sent = now
             if now - last_heard > hb * self.liveness / 1000:
-                log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)
+                if self._welcome.done():  # a session we had went silent: worth a word
+                    log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)
+                else:  # never connected yet: the caller's connect timeout says it, once, in full
+                    log.debug("no answer yet from %s: trying again", self.endpoint)
                 return True
         if welcomed:
             self._send_work(sock, force=True)

@@ -60,6 +60,24 @@ def size_bytes(text: str | int, key: str) -> int:
     return n
 
 
+DURATION_KEYS = {"lease", "expiration", "dedup_window", "fsync_interval", "heartbeat", "retention"}
+SIZE_KEYS = {"max_bytes", "max_message_size"}
+
+
+def explain(exc: msgspec.ValidationError) -> str:
+    """msgspec's message, with the fix for the mistakes people make most."""
+    text = str(exc)
+    where = text.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in text else ""
+    key = where.rsplit(".", 1)[-1]
+    if where == "queue" and "got `object`" in text:
+        return "write [[queue]], not [queue]: one [[queue]] table per queue (an array of tables)"
+    if key in DURATION_KEYS and "Expected `str`" in text:
+        return f"{where}: a duration needs its unit, in quotes: {key} = \"30s\" (units ms, s, m, h, d)"
+    if key in SIZE_KEYS and "Expected `str" in text:
+        return f"{where}: a size needs its unit, in quotes: {key} = \"64MiB\" (B, KiB, MiB, GiB, TiB)"
+    return text
+
+
 class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data: str = DEFAULT_DATA
     bind: list[str] = msgspec.field(default_factory=lambda: [DEFAULT_ENDPOINT])
@@ -156,7 +174,15 @@ class Config(msgspec.Struct, kw_only=True):
         try:
             fc = msgspec.convert(raw, FileConfig)
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            raise ConfigError(f"{source}: {explain(exc)}") from None
+        try:
+            return cls.checked(fc, base, source)
+        except ConfigError as exc:
+            text = str(exc)
+            raise ConfigError(text if text.startswith(f"{source}:") else f"{source}: {text}") from None
+
+    @classmethod
+    def checked(cls, fc: FileConfig, base: Path, source: str) -> "Config":
         s = fc.server
         if s.durability not in ("fsync", "batch", "none"):
             raise ConfigError(f"{source}: server.durability must be fsync, batch or none, got {s.durability!r}")
