@@ -58,7 +58,7 @@ def main() -> int:
         print(f"first pass: {ok} paid, {failed} failed deliveries")
         dead = c.peek(DEAD)
         for m in dead:
-            print(f"dead letter: {m['payload'].decode()} reason={m['headers'].get('zq.reason')}")
+            print(f"dead letter: {m['data'].decode()} reason={m['headers'].get('zq.reason')}")
 
         # The fix ships (XYZ supported): send the dead letters back where they came from.
         back = c.redrive(DEAD)

@@ -200,7 +200,7 @@ def test_operators_ack_purge_move_and_redrive_over_the_wire(dispatcher):
         assert c.ack_filter("work", "kind = 'x'") == 2
         assert c.purge("work", group="c0", filter="/n = 2") == 1
         assert c.move("work", "archive", filter="/n = 5") == 1
-        assert [json.loads(m["payload"]) for m in c.peek("archive")] == [{"n": 5}]
+        assert [json.loads(m["data"]) for m in c.peek("archive")] == [{"n": 5}]
         with c.subscribe("work", max_backlog=5) as sub:
             m = sub.get(5)
             m.cancel()  # max_cancels=1: straight to the dead letters

@@ -136,7 +136,7 @@ def test_serve_uses_a_config_with_groups_and_dead_letters(tmp_path):
                 sub.get(5).cancel()
             wait_until(lambda: c.stats()["queues"].get("orders.failed", {}).get("depth") == 1, what="dead letter")
             dead = c.peek("orders.failed")[0]
-        assert dead["headers"]["zq.reason"] == "max-cancels" and dead["payload"] == b"o1"
+        assert dead["headers"]["zq.reason"] == "max-cancels" and dead["data"] == b"o1"
     finally:
         server.terminate()
 

@@ -232,7 +232,7 @@ def test_a_chain_of_250_ors_is_a_filter_not_an_internal_error(server, peer):
     with zq.connect(server.endpoint) as c:
         c.publish("jobs", "hit", headers={"x": "249"})
         c.publish("jobs", "miss", headers={"x": "250"})
-        assert [m["payload"] for m in c.peek("jobs", filter=text)] == [b"hit"]
+        assert [m["data"] for m in c.peek("jobs", filter=text)] == [b"hit"]
     assert server_stats(server)["server"]["internal_errors"] == 0
 
 

@@ -9,6 +9,9 @@ import zq
 from zq.server.config import Config
 from zq.core.settings import QueueSettings
 
+from zq.client import Client
+from zq.client.worker import Worker
+
 from .support import ServerProcess, wait_until
 
 
@@ -51,7 +54,7 @@ def test_reject_and_ring_over_the_wire(tmp_path):
                 c.publish("strict", b"c")
             assert err.value.code == "queue-full" and "overflow = reject" in str(err.value)
             c.publish_many("ticks", ["1", "2", "3", "4"])
-            assert [m["payload"] for m in c.peek("ticks")] == [b"3", b"4"]
+            assert [m["data"] for m in c.peek("ticks")] == [b"3", b"4"]
             wait_until(lambda: c.stats()["queues"]["ticks.old"]["depth"] == 2, what="dropped ticks dead-lettered")
             assert {m["headers"]["zq.reason"] for m in c.peek("ticks.old")} == {"overflow"}
     finally:
@@ -64,14 +67,14 @@ def test_a_last_value_queue_over_the_wire_and_across_a_restart(tmp_path):
         with zq.connect(server.endpoint) as c:
             for sym, px in [("A", "1"), ("B", "5"), ("A", "2"), ("A", "3")]:
                 c.publish("prices", px, headers={"symbol": sym})
-            latest = {m["headers"]["symbol"]: m["payload"] for m in c.peek("prices")}
+            latest = {m["headers"]["symbol"]: m["data"] for m in c.peek("prices")}
             assert latest == {"A": b"3", "B": b"5"}  # browsing shows the latest value per key
             assert c.stats()["queues"]["prices"]["replaced"] == 2
             assert c.stats()["queues"]["prices"]["kind"] == "lvq"  # zq stats shows "prices (lvq)"
         server.kill()
         server.start()
         with zq.connect(server.endpoint) as c:
-            assert [m["payload"] for m in c.peek("prices")] == [b"5", b"3"]
+            assert [m["data"] for m in c.peek("prices")] == [b"5", b"3"]
     finally:
         server.terminate()
 
@@ -137,7 +140,7 @@ def test_priority_and_sorted_queues_over_the_wire_and_across_a_restart(tmp_path)
         server.kill()
         server.start()
         with zq.connect(server.endpoint) as c:
-            assert [m["payload"] for m in c.peek("orders")] == [
+            assert [m["data"] for m in c.peek("orders")] == [
                 b'{"price": 2, "qty": 100}', b'{"price": 99, "qty": 1}', b'{"price": 10, "qty": 5}']
             with c.subscribe("events", max_backlog=3) as sub:
                 got = [sub.get(5) for _ in range(3)]
@@ -178,3 +181,27 @@ def test_target_queue_depth_over_the_wire_and_across_a_restart(tmp_path):
             wait_until(lambda: c.stats()["queues"]["deep"]["inactive"] == 0, what="inactive part drained")
     finally:
         server.terminate()
+
+
+def test_message_group_and_peek_follow_the_queues_group_header(tmp_path):
+    """A queue grouping by `customer`: msg.group and peek's group read that header
+    (they read `group`, which this queue ignores, and showed null)."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "bycust"\ngroup_header = "customer"\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with Client(server.endpoint) as c:
+            c.publish("bycust", "o1", headers={"customer": "acme"})
+            assert [m["group"] for m in c.peek("bycust")] == ["acme"]
+            with c.subscribe("bycust") as sub:
+                msg = sub.get(5)
+                assert msg.group == "acme" and sub.group_header == "customer"
+                msg.ack()
+            c.publish("bycust", "o2", headers={"customer": "zeta"})
+        with Worker(server.endpoint, "bycust") as w:
+            msg = w.get(timeout=5)
+            assert msg is not None and msg.group == "zeta"
+            msg.ack()
+            w.heartbeat()
+    finally:
+        assert "Traceback" not in server.terminate()

@@ -150,7 +150,7 @@ def test_overwrite_is_refused_and_rows_become_messages(spark, dispatcher):
     w.mode("append").save()
     w.mode("append").save()  # same msg_ids: nothing new
     with zq.connect(dispatcher.endpoint) as c:
-        got = {m["payload"]: m["headers"] for m in c.peek("in")}
+        got = {m["data"]: m["headers"] for m in c.peek("in")}
         assert got == {b"a": {"k": "v", "group": "g1", "priority": "5"}, b"b": {}}
         assert c.stats()["duplicates"] == 2
 

@@ -275,7 +275,7 @@ def peek(
         except ZqError as exc:
             raise fail(str(exc)) from None
     for it in items:
-        msg = SimpleNamespace(group=it["headers"].get("group"), data=it["payload"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
+        msg = SimpleNamespace(group=it.get("group"), data=it["data"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
         typer.echo(message_json(msg))
 
 

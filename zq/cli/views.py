@@ -10,7 +10,10 @@ def stats_table(st: dict) -> Table:
     server = st.get("server", {})
     title = f"zq {server.get('version', '')}  uptime {server.get('uptime_ms', 0) / 1000:.0f}s  " \
             f"durability {server.get('durability', '?')}  journal {server.get('journal_bytes', 0) / 2**20:.1f} MiB"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="depth, leased: now; pub, acked, redel(ivered), exp(ired), dead: since this start; "
+                          "cons: consumers, then leased / backlog over all of them",
+                  caption_justify="left")
     for col in ("queue", "depth", "leased", "pub", "acked", "redel", "exp", "dead", "groups", "cons"):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for name, q in sorted(st.get("queues", {}).items()):

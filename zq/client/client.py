@@ -207,7 +207,8 @@ class Client:
         sub.sink = sink
         self._subs[sub.sub_id] = sub
         try:
-            sub.backlog = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter), timeout=timeout)
+            answer = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter), timeout=timeout)
+            sub.backlog, sub.group_header = answer.backlog, answer.group_header
         except BaseException:
             self._subs.pop(sub.sub_id, None)
             raise
@@ -343,8 +344,13 @@ class Client:
         return self._request(lambda req: wire.Stats(req), timeout=timeout)
 
     def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:
-        """Waiting messages in delivery order, without leasing them (a read-only view)."""
-        return self._request(lambda req: wire.Peek(req, queue, limit, filter), timeout=timeout)
+        """Waiting messages in delivery order, without leasing them (a read-only view):
+        dicts of ``bookmark, topic, headers, data, deliveries, ts_ms`` (``data`` as on a
+        ``Message``; the wire's PEEK answer calls it ``payload``)."""
+        rows = self._request(lambda req: wire.Peek(req, queue, limit, filter), timeout=timeout)
+        for row in rows:
+            row["data"] = row.pop("payload")
+        return rows
 
     def query(
         self,
@@ -549,7 +555,7 @@ class Client:
         elif t is wire.Heartbeat:
             pass
         elif t is wire.Subscribed:
-            self._resolve(msg.req, msg.backlog)
+            self._resolve(msg.req, msg)
         elif t is wire.Reply:
             self._resolve(msg.req, msg.data)
         elif t is wire.Refused:

@@ -131,7 +131,9 @@ class Message:
 
     @property
     def group(self) -> str | None:
-        return self.headers.get("group")
+        """The message's group as its queue sees it: the queue's ``group_header``."""
+        header = getattr(self._sub, "group_header", "group")
+        return self.headers.get(header) if header else None
 
     def ack(self) -> None:
         if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
@@ -180,6 +182,7 @@ class Subscription(MessageStream):
         self.max_backlog = max_backlog
         self.filter = filter
         self.backlog = 0  # granted by the server
+        self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
         self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
         self.local: collections.deque[Message] = collections.deque()
         # op, bookmark, generation, place in the client's order of calls (``Client._order``)

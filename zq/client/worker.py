@@ -88,6 +88,7 @@ class Worker(MessageStream):
         self.liveness = liveness
         self.sub_id = "w1"
         self.backlog = 0  # granted by the dispatcher
+        self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
         self.refused = 0
         self.generation = 0
         self.closed = False
@@ -258,6 +259,7 @@ class Worker(MessageStream):
                 self._local.extend(Message(r, n, self, gen) for r, n in zip(msg.records, msg.deliveries))  # type: ignore[arg-type, attr-defined]
         elif t is wire.Subscribed:
             self.backlog = msg.backlog  # type: ignore[attr-defined]
+            self.group_header = msg.group_header  # type: ignore[attr-defined]
         elif t is wire.Welcome:
             self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
         elif t is wire.Refused:

@@ -182,6 +182,7 @@ class Subscribed(_Cmd, tag="subscribed"):
     req: int
     sub: str
     backlog: int
+    group_header: str | None = "group"  # the queue's: what ``Message.group`` reads
 
 
 class DeliverRaw(_Cmd, tag="deliver"):
