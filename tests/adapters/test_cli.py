@@ -173,6 +173,9 @@ def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
     rows = [json.loads(x) for x in (out / "messages.jsonl").read_text().splitlines()]
     assert [r["topic"] for r in rows] == ["work"] * 4 + ["elsewhere"]
     assert any(json.loads(x)["reason"] == "purged" for x in (out / "events.jsonl").read_text().splitlines())
+    # --from as replay takes it: "now" exports nothing, a duration ago everything recent
+    assert json.loads(zq("journal", "export", str(tmp_path / "e2"), "-d", data, "--from", "now").stdout)["messages"] == 0
+    assert json.loads(zq("journal", "export", str(tmp_path / "e3"), "-d", data, "--from", "1h").stdout)["messages"] == 5
     assert zq("journal", "info", "--data", str(tmp_path / "nothing")).returncode == 2
 
 
@@ -221,3 +224,28 @@ def test_a_command_with_no_dispatcher_there_says_so_in_one_line(tmp_path):
     assert run.returncode == 3
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "is `zq serve` running?" in lines[0], run.stderr  # no "reconnecting" first
+
+
+def test_every_short_flag_means_one_thing_in_every_command():
+    """`-n` is --limit wherever it appears, `-g` --group, `-w` --wait, `-d` --data...:
+    a short flag learnt on one command means the same on every other."""
+    import typer
+
+    from zq.cli import app
+
+    meaning: dict[str, dict[str, list[str]]] = {}
+
+    def walk(command, path):  # type: ignore[no-untyped-def]
+        for p in command.params:
+            opts = [*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())]
+            longs = [o for o in opts if o.startswith("--")]
+            for short in (o for o in opts if o.startswith("-") and not o.startswith("--")):
+                meaning.setdefault(short, {}).setdefault(longs[0] if longs else short, []).append(path)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "zq")
+    assert len(meaning) > 10
+    clashes = {s: m for s, m in meaning.items() if len(m) > 1}
+    assert not clashes, clashes
+    assert set(meaning["-n"]) == {"--limit"} and set(meaning["-d"]) == {"--data"} and len(meaning["-d"]["--data"]) >= 4

@@ -119,7 +119,7 @@ def test_asyncio_connect_and_subscribe_work_with_and_without_await(dispatcher):
             await c.publish("aio.shapes", b"one")
             async with c.subscribe("aio.shapes", max_backlog=2) as sub:
                 msg = await sub.get(timeout=5)
-                msg.ack()
+                await msg.ack()  # awaitable too (it returns at once: the ack is queued)
             assert sub.sub.closed
         assert c.client.closed
         c2 = await zq.aio.connect(dispatcher.endpoint)

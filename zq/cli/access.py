@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         from_: str = typer.Option("0", "--from", help="0 | now | BOOKMARK | ISO time | duration ago (10m)"),
         follow: bool = typer.Option(False, "--follow", "-F", help="keep printing new messages"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
-        count: Optional[int] = typer.Option(None, "--count", "-n", help="stop after N messages"),
+        count: Optional[int] = typer.Option(None, "--limit", "--count", "-n", help="stop after N messages"),
         timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="with --follow: stop after S seconds without one"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def query(
         queue: str = typer.Argument(..., help="queue to aggregate over (its available messages)"),
-        group_by: Optional[list[str]] = typer.Option(None, "--group-by", "-g", help="expression to group by (repeatable)"),
+        group_by: Optional[list[str]] = typer.Option(None, "--group-by", "-G", help="expression to group by (repeatable)"),
         aggregate: Optional[list[str]] = typer.Option(
             None, "--agg", "-a", help="count | count(E) | sum(E) | avg(E) | min(E) | max(E) (repeatable) [default count]"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),

@@ -95,7 +95,7 @@ def load_config(config: str | None, data: str | None, bind: list[str] | None, du
 @app.command()
 def serve(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="zq.toml; without it, the embedded default"),
-    data: Optional[str] = typer.Option(None, "--data", help="journal directory [default ./zq-data]"),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory [default ./zq-data]"),
     bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) [default tcp://127.0.0.1:7780]"),
     durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none [default batch]"),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="serve Prometheus metrics on HOST:PORT (/metrics)"),
@@ -164,7 +164,7 @@ def consume(
     endpoint: Optional[str] = EndpointOpt,
     filter: Optional[str] = typer.Option(None, "--filter", "-f", help="content filter, e.g. \"region = 'eu' AND /qty > 5\""),
     max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once [default: concurrency]"),
-    count: Optional[int] = typer.Option(None, "--count", "-n", help="stop after N messages"),
+    count: Optional[int] = typer.Option(None, "--limit", "--count", "-n", help="stop after N messages"),
     timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
     exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run CMD per message (payload on stdin); exit 0 acks, else cancels"),
     concurrency: int = typer.Option(1, "--concurrency", "-j", help="commands run at once with --exec"),
@@ -300,11 +300,11 @@ def top(
 
 @app.command()
 def demo(
-    messages: int = typer.Option(20_000, "--messages", "-n", help="how many messages to publish"),
-    workers: int = typer.Option(4, "--workers", "-w", help="worker processes"),
+    messages: int = typer.Option(20_000, "--messages", help="how many messages to publish"),
+    workers: int = typer.Option(4, "--workers", help="worker processes"),
     backlog: int = typer.Option(16, "--backlog", help="max backlog per worker"),
     fail_rate: float = typer.Option(0.01, "--fail-rate", help="share of messages a worker cancels (to show redelivery)"),
-    data: Optional[str] = typer.Option(None, "--data", help="journal directory [default: a temporary one]"),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory [default: a temporary one]"),
 ) -> None:
     """A whole fleet in one command: an embedded dispatcher, a publisher, workers, a summary."""
     from zq.cli.demo import run_demo

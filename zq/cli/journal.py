@@ -50,14 +50,25 @@ def export(
     out: str = typer.Argument(..., help="directory to write messages.* and events.* into"),
     data: str = DataOpt,
     fmt: str = typer.Option("jsonl", "--format", help="jsonl | parquet (needs pyarrow)"),
-    from_seq: int = typer.Option(0, "--from", help="first bookmark"),
+    from_: str = typer.Option("0", "--from", help="0 | now | BOOKMARK | ISO time | duration ago (10m), as for replay"),
     to_seq: Optional[int] = typer.Option(None, "--to", help="stop before this bookmark"),
 ) -> None:
     """Export messages and delivery events (one row per bookmark)."""
+    import time
+
+    from zq.cli.access import parse_from
+    from zq.journal.lmdb_journal import LmdbJournal
     from zq.journal.tools import export as journal_export
 
+    start, since_ms = parse_from(from_, int(time.time() * 1000))
     try:
-        counts = journal_export(data, out, fmt, from_seq, to_seq)
+        if start == "now" or since_ms is not None:  # a time: the journal says where it starts
+            reader = LmdbJournal(data, readonly=True)
+            try:
+                start = reader.next_seq() if start == "now" else reader.seq_at_time(since_ms)  # type: ignore[arg-type]
+            finally:
+                reader.close()
+        counts = journal_export(data, out, fmt, int(start), to_seq)
     except ZqError as exc:
         raise fail(str(exc), RET_USAGE) from None
     typer.echo(json.dumps(counts))

@@ -8,7 +8,7 @@ replies arrive as futures wrapped for the event loop, deliveries are pushed into
         await c.publish("jobs", b"x")
         async with c.subscribe("jobs", max_backlog=16) as sub:   # or: sub = await c.subscribe(...)
             async for msg in sub:
-                msg.ack()                                   # queued for the I/O thread: not awaited
+                await msg.ack()                             # returns at once: the ack is queued
 
 ``connect`` and ``subscribe`` return an ``Opening``: awaited, it gives the client (or
 subscription); used with ``async with``, it also closes it at the end (the two shapes

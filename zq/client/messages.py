@@ -29,6 +29,22 @@ log = logging.getLogger("zq.client")
 ACK_DELAY = 0.001  # seconds an ack may wait to share a frame with others
 
 
+class Queued:
+    """What a settle returns: it is queued for the wire at once, so there is nothing to
+    wait for; asyncio code may still write ``await msg.ack()`` (it returns at once)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
+
+    def __repr__(self) -> str:
+        return "<queued>"
+
+
+QUEUED = Queued()
+
+
 class Session(Protocol):
     """What subscriptions and messages need of their client."""
 
@@ -135,20 +151,24 @@ class Message:
         header = getattr(self._sub, "group_header", "group")
         return self.headers.get(header) if header else None
 
-    def ack(self) -> None:
+    def ack(self) -> Queued:
         if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
             self._sub._settle("ack", self)
+        return QUEUED
 
-    def cancel(self) -> None:
+    def cancel(self) -> Queued:
         if self.deliveries:
             self._sub._settle("cancel", self)
+        return QUEUED
 
-    def expire(self) -> None:
+    def expire(self) -> Queued:
         if self.deliveries:
             self._sub._settle("expire", self)
+        return QUEUED
 
-    def extend(self, seconds: float) -> None:
+    def extend(self, seconds: float) -> Queued:
         self._sub._extend(self, duration_arg(seconds, "extend"))
+        return QUEUED
 
     def __repr__(self) -> str:
         return f"Message(bookmark={self.bookmark}, topic={self.topic!r}, deliveries={self.deliveries}, data={self.data[:40]!r})"
