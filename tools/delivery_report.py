@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 PERCENTILES = (0.5, 0.9, 0.99)
+RATE_MIN_ACKS, RATE_MIN_SPAN_S = 10, 1.0  # below either, a consumer's rate is not shown
 
 
 def load(spark: Any, source: dict[str, str]) -> tuple[Any, Any]:
@@ -63,7 +64,10 @@ def figures(messages: Any, events: Any) -> dict[str, Any]:
             .orderBy("queue", "reason"))
     consumers = (events.where("kind = 'acked' AND consumer IS NOT NULL").groupBy("queue", "consumer")
                  .agg(F.count("*").alias("acked"), F.min("time").alias("first"), F.max("time").alias("last"))
-                 .withColumn("per_s", F.col("acked") / F.greatest((ms("last") - ms("first")) / 1e6, F.lit(1e-3)))
+                 .withColumn("span_s", (ms("last") - ms("first")) / 1e6)
+                 # a rate needs enough acks over enough time: 1 ack is not "1000/s"
+                 .withColumn("per_s", F.when((F.col("acked") >= RATE_MIN_ACKS) & (F.col("span_s") >= RATE_MIN_SPAN_S),
+                                             F.col("acked") / F.col("span_s")))
                  .drop("first", "last").orderBy("queue", "consumer"))
     grouped = first_lease.join(published.where("group IS NOT NULL"), "bookmark")
     order = Window.partitionBy("queue", "group").orderBy("first_event", "bookmark")
@@ -76,13 +80,19 @@ def figures(messages: Any, events: Any) -> dict[str, Any]:
             "consumers": consumers, "group_order": ordering}
 
 
-def write(tables: dict[str, Any], out: Path) -> dict[str, list[dict]]:
-    """Parquet per table, a PNG of the latency percentiles, and report.txt."""
+def write(tables: dict[str, Any], out: Path, say: Any = None) -> dict[str, list[dict]]:
+    """Parquet per table, a PNG of the latency percentiles, and report.txt; ``say``
+    hears a line per table as it is done (a big journal takes minutes)."""
+    import time
+
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[dict]] = {}
-    for name, df in tables.items():
+    for i, (name, df) in enumerate(tables.items(), 1):
+        started = time.monotonic()
         df.write.mode("overwrite").parquet(str(out / name))
         rows[name] = [r.asDict() for r in df.collect()]
+        if say is not None:
+            say(f"[{i}/{len(tables)}] {name}: {len(rows[name])} rows in {time.monotonic() - started:.1f} s")
     plot(rows["latency"], out / "latency.png")
     (out / "report.txt").write_text(report(rows))
     return rows
@@ -119,7 +129,9 @@ def report(rows: dict[str, list[dict]]) -> str:
     for r in rows["dead_letters"]:
         lines.append(f"{r['queue']}: {r['messages']} dead-lettered ({r['reason']})")
     for r in rows["consumers"]:
-        lines.append(f"{r['queue']} / {r['consumer']}: {r['acked']} acked, {r['per_s']:.0f}/s")
+        rate = (f"{r['per_s']:.0f}/s over {r['span_s']:.1f} s" if r["per_s"] is not None
+                else f"too few or too quick to rate (under {RATE_MIN_ACKS} acks or {RATE_MIN_SPAN_S:g} s)")
+        lines.append(f"{r['queue']} / {r['consumer']}: {r['acked']} acked, {rate}")
     bad = [r for r in rows["group_order"] if r["out_of_order"]]
     groups = len(rows["group_order"])
     lines.append(f"group order: {groups - len(bad)} of {groups} groups delivered in publish order"
@@ -133,14 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--endpoint", help="a running dispatcher")
     src.add_argument("--path", help="a journal directory (e.g. a copy)")
     parser.add_argument("--out", required=True, help="directory for the Parquet tables, latency.png, report.txt")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     from zq.spark import local_session
 
     spark = local_session("zq-delivery-report")
     try:
         source = {"endpoint": args.endpoint} if args.endpoint else {"path": args.path}
-        messages, events = load(spark, source)
-        write(figures(messages, events), Path(args.out))
+        tables = figures(*load(spark, source))  # lazy: nothing is read until written
+        say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        if say:
+            say(f"reading the journal from {args.endpoint or args.path}: {len(tables)} tables to compute")
+        write(tables, Path(args.out), say)
         print((Path(args.out) / "report.txt").read_text(), end="")
     finally:
         spark.stop()

@@ -98,6 +98,9 @@ def test_filters_queries_claims_and_replay_from_the_command_line(server):
     run = zq("query", "orders", *ep, "--group-by", "/region", "--agg", "count", "--agg", "sum(/qty)", "--json")
     assert [json.loads(x) for x in run.stdout.splitlines()] == [
         {"/region": "eu", "count": 2, "sum(/qty)": 25}, {"/region": "us", "count": 1, "sum(/qty)": 1}]
+    run = zq("query", "orders", *ep, "--group-by", "/region", "--agg", "count", "--agg", "sum(/qty)")
+    assert [line.split() for line in run.stdout.splitlines()] == [  # a pipe: plain aligned text
+        ["/region", "count", "sum(/qty)"], ["eu", "2", "25"], ["us", "1", "1"]]
     run = zq("consume", "orders", *ep, "--filter", "/qty > 1", "--count", "2", "--timeout", "5")
     assert [json.loads(json.loads(x)["data"])["qty"] for x in run.stdout.splitlines()] == [5, 20]
     run = zq("consume", "orders", *ep, "--filter", "/qty >", "--count", "1")
@@ -150,7 +153,7 @@ def test_demo_runs_a_small_fleet_and_prints_a_summary():
 
 def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
     ep = ("--endpoint", server.endpoint)
-    run = zq("queue", "create", "work", "--lease", "5s", "--group-header", "customer", *ep)
+    run = zq("queue", "create", "work", "--lease", "5s", "--group-header", "customer", "--json", *ep)
     assert run.returncode == 0 and json.loads(run.stdout)["lease_ms"] == 5000, run.stderr
     lines = "\n".join(json.dumps({"n": i}) for i in range(4))
     assert zq("publish", "work", *ep, "--header", "customer=c1", input=lines + "\n").returncode == 0
@@ -181,12 +184,12 @@ def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
 
 def test_queue_kinds_from_the_command_line(server):
     ep = ("--endpoint", server.endpoint)
-    created = json.loads(zq("queue", "create", "urgent", "--priority", "/sev", *ep).stdout)
+    created = json.loads(zq("queue", "create", "urgent", "--priority", "/sev", "--json", *ep).stdout)
     assert created["priority"] == "/sev"
     assert zq("publish", "urgent", *ep, input='{"sev": 1}\n{"sev": 9}\n{"sev": 5}\n').returncode == 0
     run = zq("peek", "urgent", *ep)
     assert [json.loads(line)["data"] for line in run.stdout.splitlines()] == ['{"sev": 9}', '{"sev": 5}', '{"sev": 1}']
-    assert json.loads(zq("queue", "create", "deep", "--target-queue-depth", "2", *ep).stdout)["target_queue_depth"] == 2
+    assert json.loads(zq("queue", "create", "deep", "--target-queue-depth", "2", "--json", *ep).stdout)["target_queue_depth"] == 2
     assert zq("publish", "deep", *ep, input="a\nb\nc\n").returncode == 0
     table = zq("stats", *ep).stdout
     assert "(tqd=2)" in table and "2+1" in table, table  # depth 2, one more in the journal only
@@ -249,3 +252,76 @@ def test_every_short_flag_means_one_thing_in_every_command():
     clashes = {s: m for s, m in meaning.items() if len(m) > 1}
     assert not clashes, clashes
     assert set(meaning["-n"]) == {"--limit"} and set(meaning["-d"]) == {"--data"} and len(meaning["-d"]["--data"]) >= 4
+
+
+def test_help_names_what_each_option_takes_in_words_and_every_option_says_what_it_does():
+    """`--lease DURATION`, `zq purge QUEUE`: no `<str>`, `<bool>` or `{queue}` anywhere."""
+    from zq.cli.app import command
+
+    missing, labels = [], {}
+
+    def walk(cmd, path):  # type: ignore[no-untyped-def]
+        for p in cmd.params:
+            labels[f"{path} {p.name}"] = p.metavar
+            if not p.help:
+                missing.append(f"{path} {p.name}")
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(command(), "zq")
+    assert not missing, missing
+    assert labels["zq queue create lease"] == "DURATION" and labels["zq purge queue"] == "QUEUE"
+    assert labels["zq consume timeout"] == "SECONDS" and labels["zq purge yes"] == ""
+    for args in (("purge", "-h"), ("move", "-h"), ("ack", "-h"), ("queue", "create", "-h"), ("publish", "-h"),
+                 ("journal", "export", "-h"), ("-h",)):
+        out = zq(*args).stdout
+        assert "Usage: zq" in out and not any(t in out for t in ("<str>", "<int>", "<bool>", "<float>", "list[", "{")), out
+    out = zq("purge", "-h").stdout
+    assert "Usage: zq purge [OPTIONS] QUEUE" in out and "--filter EXPR" in out and "--yes " in out
+    assert "(env ZQ_ENDPOINT" in out  # bracketed words are text, not markup that vanishes
+
+
+def test_queue_list_create_with_a_short_confirmation_and_the_barrier_and_browse_kinds(server):
+    ep = ("--endpoint", server.endpoint)
+    run = zq("queue", "create", "eod", "--barrier", "kind = 'close'", "--lease", "5s", *ep)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("created queue 'eod': topics eod, at-least-once") and "lease 5s" in run.stdout
+    assert "barrier kind = 'close'" in run.stdout and "{" not in run.stdout
+    assert "browse-only" in zq("queue", "create", "feed", "--browse-only", *ep).stdout
+    settings = {q["name"]: q for q in json.loads(zq("queue", "list", "--json", *ep).stdout)}
+    assert settings["eod"]["barrier"] == "kind = 'close'" and settings["feed"]["browse_only"] is True
+    assert zq("publish", "feed", "x", *ep).returncode == 0
+    lines = zq("queue", "list", *ep).stdout.splitlines()
+    assert lines[0].split() == ["queue", "kind", "topics", "semantics", "depth", "consumers"]
+    assert lines[1].split() == ["eod", "barrier", "eod", "at-least-once", "0", "0"]
+    assert lines[2].split() == ["feed", "browse", "feed", "at-least-once", "1", "0"]
+
+
+def test_stats_never_cuts_a_name_or_a_number_and_is_plain_text_in_a_pipe(server):
+    from rich.console import Console
+
+    from zq.cli.views import fitted_width, grid, stats_rows
+
+    long_name = "settlement-instructions-for-the-eu-desk." + "x" * 40
+    with Client(server.endpoint) as c:
+        c.publish_many(long_name, ["m"] * 3)
+        st = c.stats()
+    out = zq("stats", "--endpoint", server.endpoint).stdout  # a pipe: aligned text, no box characters
+    row = next(line for line in out.splitlines() if line.startswith(long_name))
+    assert row.split()[:4] == [long_name, "3", "0", "3"] and not any(ch in out for ch in "─│━")
+    assert "cons: consumers" in out
+    st["queues"][long_name]["published"] = 12_345_678_901  # a terminal of 60 columns: numbers stay whole
+    table = stats_rows(st)
+    console = Console(width=fitted_width(table[1], table[2], 60), record=True, file=open("/dev/null", "w"),
+                      color_system=None)
+    console.print(grid(*table))
+    text = console.export_text()
+    assert "12345678901" in text and "".join(text.split()).count(long_name) == 1
+
+
+def test_publishing_to_a_name_no_queue_covers_says_it_made_the_queue(server):
+    ep = ("--endpoint", server.endpoint)
+    run = zq("publish", "jbos", "typo", *ep)
+    assert run.returncode == 0 and "no queue covered 'jbos': created queue 'jbos'" in run.stderr
+    run = zq("publish", "jbos", "again", *ep)
+    assert run.returncode == 0 and run.stderr == ""

@@ -496,6 +496,22 @@ def test_the_time_index_forgets_finished_messages_so_memory_stays_bounded():
     assert len(h.engine.ti_ms) < 1100
 
 
+def test_measured_latencies_keep_two_significant_digits_and_count_every_ack():
+    from zq.core.engine import latency_key
+
+    assert [latency_key(ms) for ms in (0, 7, 99, 100, 137, 999, 4_180, 61_234)] == [0, 7, 99, 100, 130, 990, 4_100, 61_000]
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    first = h.pub("jobs", 3)  # published at 0 ms
+    h.now = 5
+    later = h.pub("jobs", 2)  # at 5 ms
+    h.sub("s", "jobs", 10)
+    h.drain()
+    h.now = 1_234
+    h.engine.ack("s", [*first, *later], h.now)
+    lat = h.engine.stats()["queues"]["jobs"]["ack_latency"]
+    assert lat["ms"] == {1_200: 5} and sum(lat["counts"]) == 5 and lat["sum_ms"] == 3 * 1_234 + 2 * 1_229
+
+
 def test_stats_show_ack_latency_oldest_age_processing_time_and_busy_groups():
     h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6, group_policy="one-in-flight"))
     a = h.pub("jobs", group="g1")[0]
@@ -509,6 +525,7 @@ def test_stats_show_ack_latency_oldest_age_processing_time_and_busy_groups():
     lat = st["ack_latency"]
     assert sum(lat["counts"]) == 1 and lat["sum_ms"] == 70
     assert lat["counts"][lat["buckets_ms"].index(100)] == 1  # 70 ms falls in the <=100 ms bucket
+    assert lat["ms"] == {70: 1}  # and is kept as measured, for zq top's percentiles
     assert st["consumers"][0]["busy_ms"] == 30
     assert st["oldest_ms"] == 70
     assert st["group_summary"]["busiest"] == [{"group": "g1", "pending": 2, "owner": None}]  # count - in flight

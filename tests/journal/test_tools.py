@@ -28,12 +28,17 @@ def journal_with_traffic(path):  # type: ignore[no-untyped-def]
 def test_info_verify_and_export_jsonl_and_parquet(tmp_path):
     journal_with_traffic(tmp_path / "j")
     i = info(str(tmp_path / "j"))
-    assert i["messages"] == 6 and i["events"] == 3 and i["declared_queues"] == ["jobs"]
+    assert i["messages"] == 6 and i["event_records"] == 3 and i["declared_queues"] == ["jobs"]
     assert i["oldest_message"] == 1 and i["newest_message"] == 6 and i["format"] == 1
     report = verify(str(tmp_path / "j"))
     assert report["ok"] and report["queues"]["jobs"]["depth"] == 3
-    counts = export(str(tmp_path / "j"), str(tmp_path / "out"))
-    assert counts == {"messages": 6, "events": 9}  # 3 leased, 3 acked, 3 leased again: a row per bookmark
+    heard: list[int] = []
+    counts = export(str(tmp_path / "j"), str(tmp_path / "out"), progress=heard.append)
+    assert counts == {"messages": 6, "event_rows": 9}  # 3 leased, 3 acked, 3 leased again: a row per bookmark
+    # each count says what it counts, and they agree: info and verify count event records,
+    # verify and export the rows they explode into
+    assert report["checked"] == {"messages": 6, "event_records": 3, "event_rows": 9}
+    assert heard == [6 + 3]  # the last word: every record read
     rows = [json.loads(x) for x in (tmp_path / "out" / "messages.jsonl").read_text().splitlines()]
     assert rows[-1]["encoding"] == "base64" and rows[0]["msg_id"] == "id0"
     export(str(tmp_path / "j"), str(tmp_path / "pq"), "parquet")

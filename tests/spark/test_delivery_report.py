@@ -80,6 +80,8 @@ def test_report_figures_match_a_direct_computation(spark, tmp_path):
         if kind == "acked" and q == "jobs":
             per_consumer[consumer] = per_consumer.get(consumer, 0) + 1
     assert {r["consumer"]: r["acked"] for r in rows["consumers"] if r["queue"] == "jobs"} == per_consumer
+    for r in rows["consumers"]:  # a rate only from enough acks over enough time
+        assert (r["per_s"] is None) == (r["acked"] < 10 or r["span_s"] < 1.0), r
     audited = {r["group"]: r for r in rows["group_order"] if r["queue"] == "jobs"}
     assert set(audited) == {f"cust-{i}" for i in range(4)}
     assert sum(r["messages"] for r in audited.values()) == sum(1 for b in leases if groups.get(b))
@@ -88,6 +90,17 @@ def test_report_figures_match_a_direct_computation(spark, tmp_path):
     assert "jobs: 84 acked" in report and "4 of 4 groups delivered in publish order" in report
     assert (tmp_path / "report" / "latency.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "report" / "latency").is_dir()
+
+
+def test_the_report_gives_no_rate_for_a_consumer_with_too_few_acks():
+    from tools.delivery_report import report
+
+    rows = {"latency": [], "deliveries": [], "time_in_queue": [], "dead_letters": [], "group_order": [],
+            "consumers": [{"queue": "jobs", "consumer": "w1", "acked": 1, "span_s": 0.0, "per_s": None},
+                          {"queue": "jobs", "consumer": "w2", "acked": 500, "span_s": 2.5, "per_s": 200.0}]}
+    text = report(rows)
+    assert "jobs / w1: 1 acked, too few or too quick to rate" in text and "1000/s" not in text
+    assert "jobs / w2: 500 acked, 200/s over 2.5 s" in text
 
 
 def test_the_group_order_audit_catches_a_group_delivered_out_of_order(spark):

@@ -32,6 +32,19 @@ def test_latency_percentiles_use_only_the_last_interval():
     assert (jobs.p50_ms, jobs.p99_ms) == (10.0, 100.0)
 
 
+def test_latency_percentiles_are_measured_values_when_the_dispatcher_sends_them():
+    import copy
+
+    prev, curr = copy.deepcopy(PREV), copy.deepcopy(CURR)
+    prev["queues"]["jobs"]["ack_latency"]["ms"] = {"3": 100, "7": 400, "17": 300, "41": 100}
+    # this interval: 3 ms x 100, 7 ms x 500, 17 ms x 400, 41 ms x 180, 63 ms x 12, 130 ms x 8 (1200 acks)
+    curr["queues"]["jobs"]["ack_latency"]["ms"] = {"3": 200, "7": 900, "17": 700, "41": 280, "63": 12, "130": 8}
+    jobs = next(q for q in M.build("tcp://x", prev, curr, 1000, M.History()).queues if q.name == "jobs")
+    assert (jobs.p50_ms, jobs.p99_ms) == (7.0, 63.0)  # not the bucket edges 10 / 100
+    quiet = next(q for q in M.build("tcp://x", curr, curr, 1000, M.History()).queues if q.name == "jobs")
+    assert (quiet.p50_ms, quiet.p99_ms) == (None, None)  # nothing acked in the interval
+
+
 def test_consumers_show_ack_rate_and_mean_processing_time_so_the_slow_one_stands_out():
     m = M.build("tcp://x", PREV, CURR, 1000, M.History())
     fast, slow = m.consumers

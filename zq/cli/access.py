@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         queue: str = typer.Argument(..., help="queue to aggregate over (its available messages)"),
         group_by: Optional[list[str]] = typer.Option(None, "--group-by", "-G", help="expression to group by (repeatable)"),
         aggregate: Optional[list[str]] = typer.Option(
-            None, "--agg", "-a", help="count | count(E) | sum(E) | avg(E) | min(E) | max(E) (repeatable) [default count]"),
+            None, "--agg", "-a", help="count | count(E) | sum(E) | avg(E) | min(E) | max(E) (repeatable) (default count)"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
         endpoint: Optional[str] = EndpointOpt,
         as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
@@ -116,11 +116,9 @@ def register(app: typer.Typer) -> None:
             for row in rows:
                 typer.echo(json.dumps(row, ensure_ascii=False, default=str))
             return
-        from rich.console import Console
+        from zq.cli.views import print_rows
 
-        from zq.cli.views import rows_table
-
-        Console().print(rows_table(rows, list(group_by or []) + list(aggregate or ["count"])))
+        print_rows(rows, list(group_by or []) + list(aggregate or ["count"]))
 
 
 def confirm_or_stop(what: str, yes: bool) -> None:
@@ -177,15 +175,13 @@ def register_management(app: typer.Typer) -> None:
             for row in rows:
                 typer.echo(json.dumps(row))
             return
-        from rich.console import Console
+        from zq.cli.views import print_rows
 
-        from zq.cli.views import rows_table
-
-        Console().print(rows_table(rows, ["group", "pending", "in_flight", "holder"]))
+        print_rows(rows, ["group", "pending", "in_flight", "holder"])
 
     @app.command()
     def purge(
-        queue: str = typer.Argument(...),
+        queue: str = typer.Argument(..., help="the queue to purge"),
         group: Optional[str] = typer.Option(None, "--group", "-g", help="only this group's messages"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
         yes: bool = YesOpt,
@@ -197,7 +193,7 @@ def register_management(app: typer.Typer) -> None:
 
     @app.command()
     def move(
-        queue: str = typer.Argument(...),
+        queue: str = typer.Argument(..., help="the queue to take them from"),
         to: str = typer.Argument(..., help="topic to republish them to"),
         group: Optional[str] = typer.Option(None, "--group", "-g", help="only this group's messages"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
@@ -221,7 +217,7 @@ def register_management(app: typer.Typer) -> None:
 
     @app.command("ack")
     def ack_by_filter(
-        queue: str = typer.Argument(...),
+        queue: str = typer.Argument(..., help="the queue to acknowledge messages of"),
         filter: str = typer.Option(..., "--filter", "-f", help="acknowledge the messages matching this expression"),
         yes: bool = YesOpt,
         endpoint: Optional[str] = EndpointOpt,
@@ -233,28 +229,58 @@ def register_management(app: typer.Typer) -> None:
     queue_app = typer.Typer(help="Declare and delete queues at run time (journaled; zq.toml wins).", no_args_is_help=True)
     app.add_typer(queue_app, name="queue")
 
+    @queue_app.command("list")
+    def queue_list(
+        as_json: bool = typer.Option(False, "--json", help="print every setting of every queue as JSON"),
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """The queues the dispatcher has: kind, topics, semantics, depth."""
+        with client_for(endpoint) as c:
+            queues, st = run(c.queues), run(c.stats)
+        if as_json:
+            typer.echo(json.dumps(queues, indent=2))
+            return
+        from zq.cli.views import print_table, queue_rows
+
+        print_table(*queue_rows(queues, st.get("queues", {})))
+
     @queue_app.command("create")
     def queue_create(
-        name: str = typer.Argument(...),
-        topics: Optional[str] = typer.Option(None, "--topics", help="regex over topics [default: the name]"),
-        semantics: str = typer.Option("at-least-once", "--semantics", help="at-least-once | at-most-once"),
-        fairness: Optional[str] = typer.Option(None, "--fairness", help="fast | round-robin | proportional"),
-        lease: str = typer.Option("30s", "--lease"),
-        max_backlog: int = typer.Option(100, "--max-backlog", help="max_per_subscription_backlog"),
-        max_cancels: int = typer.Option(0, "--max-cancels"),
-        max_deliveries: int = typer.Option(20, "--max-deliveries"),
-        expiration: Optional[str] = typer.Option(None, "--expiration"),
-        dead_letter: Optional[str] = typer.Option(None, "--dead-letter"),
-        group_header: Optional[str] = typer.Option("group", "--group-header"),
-        group_policy: str = typer.Option("sequenced", "--group-policy"),
+        name: str = typer.Argument(..., help="the queue's name (and its topic, unless --topics says otherwise)"),
+        topics: Optional[str] = typer.Option(None, "--topics", help="regex over topics (default: the name)"),
+        semantics: str = typer.Option("at-least-once", "--semantics", help="at-least-once (leases) or at-most-once"),
+        fairness: Optional[str] = typer.Option(None, "--fairness", help="fast | round-robin | proportional: how a "
+                                               "message picks among consumers with credit (default: proportional; "
+                                               "round-robin for at-most-once)"),
+        lease: str = typer.Option("30s", "--lease", help="how long a consumer holds a message before it comes back"),
+        max_backlog: int = typer.Option(100, "--max-backlog", help="unacknowledged messages one subscription may hold"),
+        max_cancels: int = typer.Option(0, "--max-cancels", help="cancels before a message is dead-lettered (0: no limit)"),
+        max_deliveries: int = typer.Option(20, "--max-deliveries", help="deliveries before a message is dead-lettered "
+                                           "(0: no limit)"),
+        expiration: Optional[str] = typer.Option(None, "--expiration", help="a message older than this is "
+                                                 "dead-lettered (default: never)"),
+        dead_letter: Optional[str] = typer.Option(None, "--dead-letter", help="topic that receives dead letters, with "
+                                                  "the reason (default: none, they are dropped)"),
+        group_header: Optional[str] = typer.Option("group", "--group-header", help="the header that holds a message's "
+                                                   "group id"),
+        group_policy: str = typer.Option("sequenced", "--group-policy", help="sequenced | exclusive | one-in-flight; sequenced: one consumer holds a group "
+                                         "until it acks what it holds; exclusive: for the consumer's lifetime; "
+                                         "one-in-flight: one message at a time"),
         filter: Optional[str] = typer.Option(None, "--filter", "-f", help="which messages of the topics enter"),
         lvq_key: Optional[str] = typer.Option(None, "--lvq-key", help="last-value queue key (header or /body/path)"),
-        priority: Optional[str] = typer.Option(None, "--priority", help="priority expression, e.g. '/price * /qty'"),
+        priority: Optional[str] = typer.Option(None, "--priority", metavar="EXPR",
+                                               help="priority expression, e.g. '/price * /qty'"),
         sort_key: Optional[str] = typer.Option(None, "--sort-key", help="deliver in ascending order of this key"),
+        barrier: Optional[str] = typer.Option(None, "--barrier", help="messages matching this expression wait until "
+                                              "every earlier message is acknowledged, and hold back later ones"),
+        browse_only: bool = typer.Option(False, "--browse-only", help="every subscriber sees every message; acks "
+                                         "remove nothing"),
         target_queue_depth: int = typer.Option(0, "--target-queue-depth", help="messages kept in memory (0: all)"),
         max_depth: int = typer.Option(0, "--max-depth", help="messages held at most (0: no limit)"),
         max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="payload bytes held at most, e.g. 512MiB"),
-        overflow: str = typer.Option("reject", "--overflow", help="reject | ring | flow-control"),
+        overflow: str = typer.Option("reject", "--overflow", help="reject | ring | flow-control: at --max-depth "
+                                     "or --max-bytes, refuse publishes, drop the oldest, or hold confirmations"),
+        as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Create a queue now; it survives restarts."""
@@ -263,16 +289,22 @@ def register_management(app: typer.Typer) -> None:
             "max_per_subscription_backlog": max_backlog, "max_cancels": max_cancels,
             "max_deliveries": max_deliveries, "expiration": expiration, "dead_letter": dead_letter,
             "group_header": group_header, "group_policy": group_policy, "filter": filter,
-            "lvq_key": lvq_key, "priority": priority, "sort_key": sort_key,
+            "lvq_key": lvq_key, "priority": priority, "sort_key": sort_key, "barrier": barrier,
+            "browse_only": browse_only or None,
             "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))
-        typer.echo(json.dumps(created))
+        if as_json:
+            typer.echo(json.dumps(created))
+            return
+        from zq.cli.views import queue_summary
+
+        typer.echo(f"created queue {name!r}: {queue_summary(created)}")
 
     @queue_app.command("delete")
     def queue_delete(
-        name: str = typer.Argument(...),
+        name: str = typer.Argument(..., help="a queue created at run time (zq.toml's queues stay)"),
         yes: bool = YesOpt,
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:

@@ -26,6 +26,7 @@ app = typer.Typer(
     help="zq: a journaled ZeroMQ work-queue dispatcher. Start with `zq demo`, then `zq serve`.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # help texts mean their brackets: "[security]", not rich markup
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -44,9 +45,9 @@ def show_version(value: bool) -> None:
 @app.callback()
 def keys(
     key: Optional[str] = typer.Option(None, "--key", help="your secret key file (NAME.key_secret) for a dispatcher "
-                                      "with [security] [env ZQ_KEY]"),
+                                      "with a security block (env ZQ_KEY)"),
     server_key: Optional[str] = typer.Option(None, "--server-key", help="the dispatcher's public key file (or z85 "
-                                             "key) [env ZQ_SERVER_KEY]"),
+                                             "key) (env ZQ_SERVER_KEY)"),
     version: bool = typer.Option(False, "--version", "-V", help="print zq's version and exit", is_eager=True,
                                  callback=show_version),
 ) -> None:
@@ -95,9 +96,9 @@ def load_config(config: str | None, data: str | None, bind: list[str] | None, du
 @app.command()
 def serve(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="zq.toml; without it, the embedded default"),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory [default ./zq-data]"),
-    bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) [default tcp://127.0.0.1:7780]"),
-    durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none [default batch]"),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory (default ./zq-data)"),
+    bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) (default tcp://127.0.0.1:7780)"),
+    durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none (default batch)"),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="serve Prometheus metrics on HOST:PORT (/metrics)"),
 ) -> None:
     """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop)."""
@@ -144,18 +145,22 @@ def publish(
     """Publish messages; prints each bookmark once the message is durable."""
     headers = parse_headers(header)
     with client_for(endpoint) as c:
+        known = {q["name"] for q in c.queues()}
         try:
             if data is not None:
                 typer.echo(c.publish(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers))
-                return
-            futures = [
-                c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers)
-                for line in sys.stdin
-            ]
-            for f in futures:
-                typer.echo(f.result(60))
+            else:
+                futures = [
+                    c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers)
+                    for line in sys.stdin
+                ]
+                for f in futures:
+                    typer.echo(f.result(60))
         except ZqError as exc:
             raise fail(str(exc)) from None
+        if topic not in known and any(q["name"] == topic for q in c.queues()):  # a typo makes a queue: say so
+            typer.echo(f"zq publish: no queue covered {topic!r}: created queue {topic!r}, which keeps these "
+                       f"messages until they are consumed (`zq queue list` shows every queue)", err=True)
 
 
 @app.command()
@@ -163,7 +168,7 @@ def consume(
     queue: str = typer.Argument(..., help="queue to consume"),
     endpoint: Optional[str] = EndpointOpt,
     filter: Optional[str] = typer.Option(None, "--filter", "-f", help="content filter, e.g. \"region = 'eu' AND /qty > 5\""),
-    max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once [default: concurrency]"),
+    max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once (default: concurrency)"),
     count: Optional[int] = typer.Option(None, "--limit", "--count", "-n", help="stop after N messages"),
     timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
     exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run CMD per message (payload on stdin); exit 0 acks, else cancels"),
@@ -252,11 +257,9 @@ def stats(
     if as_json:
         typer.echo(json.dumps(st, indent=2, default=str))
         return
-    from rich.console import Console
+    from zq.cli.views import print_table, stats_rows
 
-    from zq.cli.views import stats_table
-
-    Console().print(stats_table(st))
+    print_table(*stats_rows(st))
 
 
 @app.command()
@@ -304,7 +307,7 @@ def demo(
     workers: int = typer.Option(4, "--workers", help="worker processes"),
     backlog: int = typer.Option(16, "--backlog", help="max backlog per worker"),
     fail_rate: float = typer.Option(0.01, "--fail-rate", help="share of messages a worker cancels (to show redelivery)"),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory [default: a temporary one]"),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="journal directory (default: a temporary one)"),
 ) -> None:
     """A whole fleet in one command: an embedded dispatcher, a publisher, workers, a summary."""
     from zq.cli.demo import run_demo
@@ -312,8 +315,17 @@ def demo(
     raise typer.Exit(run_demo(messages=messages, workers=workers, backlog=backlog, fail_rate=fail_rate, data=data))
 
 
+def command():  # type: ignore[no-untyped-def]
+    """The ``zq`` command as click runs it, every parameter labelled in plain words."""
+    import typer.main
+
+    from zq.cli.help import plain_words
+
+    return plain_words(typer.main.get_command(app))
+
+
 def main() -> None:
-    app()
+    command()(prog_name="zq")
 
 
 cli_access.register(app)

@@ -15,7 +15,7 @@ RET_ERROR = 1
 RET_USAGE = 2
 RET_CONNECT = 3
 
-EndpointOpt = typer.Option(None, "--endpoint", "-e", help=f"dispatcher endpoint [env ZQ_ENDPOINT, default {DEFAULT_ENDPOINT}]")
+EndpointOpt = typer.Option(None, "--endpoint", "-e", help=f"dispatcher endpoint (env ZQ_ENDPOINT, default {DEFAULT_ENDPOINT})")
 
 
 def endpoint_of(endpoint: str | None) -> str:

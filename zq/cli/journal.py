@@ -68,7 +68,31 @@ def export(
                 start = reader.next_seq() if start == "now" else reader.seq_at_time(since_ms)  # type: ignore[arg-type]
             finally:
                 reader.close()
-        counts = journal_export(data, out, fmt, int(start), to_seq)
+        counts = export_with_progress(lambda progress: journal_export(data, out, fmt, int(start), to_seq, progress),
+                                      data, int(start), to_seq)
     except ZqError as exc:
         raise fail(str(exc), RET_USAGE) from None
     typer.echo(json.dumps(counts))
+
+
+def export_with_progress(run, data: str, start: int, to_seq: Optional[int]):  # type: ignore[no-untyped-def]
+    """A bar on stderr while an export reads the journal (only on a terminal: scripts
+    and pipes get the counts alone)."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return run(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from zq.journal.tools import open_readonly
+
+    j = open_readonly(data)
+    try:
+        total = sum(j.counts().values())  # every record; a window (--from/--to) ends the bar early
+    finally:
+        j.env.close()
+    with Progress(TextColumn("exporting records"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("export", total=total)
+        return run(lambda done: bar.update(task, completed=done))

@@ -6,35 +6,110 @@ from rich import box
 from rich.table import Table
 
 
-def stats_table(st: dict) -> Table:
+STATS_COLUMNS = ("queue", "depth", "leased", "pub", "acked", "redel", "exp", "dead", "groups", "cons")
+STATS_NOTE = ("depth, leased: now; pub, acked, redel(ivered), exp(ired), dead: since this start; "
+              "cons: consumers, then leased / backlog over all of them")
+
+
+def stats_rows(st: dict) -> tuple[str, list[str], list[list[str]], str]:
+    """(title, columns, rows, note) of ``zq stats``: one row per queue."""
     server = st.get("server", {})
     title = f"zq {server.get('version', '')}  uptime {server.get('uptime_ms', 0) / 1000:.0f}s  " \
             f"durability {server.get('durability', '?')}  journal {server.get('journal_bytes', 0) / 2**20:.1f} MiB"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="depth, leased: now; pub, acked, redel(ivered), exp(ired), dead: since this start; "
-                          "cons: consumers, then leased / backlog over all of them",
-                  caption_justify="left")
-    for col in ("queue", "depth", "leased", "pub", "acked", "redel", "exp", "dead", "groups", "cons"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+    rows = []
     for name, q in sorted(st.get("queues", {}).items()):
         consumers = q.get("consumers", [])
         kind = q.get("kind")
-        table.add_row(
+        rows.append([
             f"{name} ({kind})" if kind else name,
             f"{q['depth']}+{q['inactive']}" if q.get("inactive") else str(q["depth"]),  # +N: journal-only (tqd)
             str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
             str(q["expired"]), str(q["dead_lettered"]), str(q["groups"]),
             f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
-        )
-    return table
+        ])
+    return title, list(STATS_COLUMNS), rows, STATS_NOTE
 
 
-def rows_table(rows: list[dict], columns: list[str]) -> Table:
-    """Query answers: one row per group-by key, a column per key and aggregate."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+def queue_rows(queues: list[dict], stats: dict) -> tuple[str, list[str], list[list[str]], str]:
+    """(title, columns, rows, note) of ``zq queue list``."""
+    rows = []
+    for q in sorted(queues, key=lambda q: q["name"]):
+        st = stats.get(q["name"], {})
+        rows.append([q["name"], st.get("kind") or "fifo", q.get("topics") or q["name"], q["semantics"],
+                     str(st.get("depth", "")), str(len(st.get("consumers", [])))])
+    return "", ["queue", "kind", "topics", "semantics", "depth", "consumers"], rows, ""
+
+
+def queue_summary(s: dict) -> str:
+    """A queue's settings in one line, the ones a user chose or must know."""
+    parts = [f"topics {s.get('topics') or s['name']}", s["semantics"], s.get("fairness") or "default fairness",
+             f"lease {s['lease_ms'] / 1000:g}s", f"backlog {s['max_per_subscription_backlog']}",
+             f"max {s['max_deliveries']} deliveries" if s.get("max_deliveries") else "no delivery limit",
+             f"dead letters to {s['dead_letter']}" if s.get("dead_letter") else "no dead-letter topic"]
+    for key in ("filter", "priority", "sort_key", "lvq_key", "barrier"):
+        if s.get(key):
+            parts.append(f"{key} {s[key]}")
+    if s.get("browse_only"):
+        parts.append("browse-only")
+    if s.get("max_depth") or s.get("max_bytes"):
+        parts.append(f"overflow {s['overflow']}")
+    return ", ".join(parts)
+
+
+def grid(title: str, columns: list[str], rows: list[list[str]], note: str) -> Table:
+    """A rich table that never cuts a name or a number: every column is as wide as its
+    widest cell (print it on a console at least ``fitted_width`` wide)."""
+    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=note or None, caption_justify="left")
     for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i < len(columns) - sum(1 for c in columns if "(" in c or c == "count") else "right")
+        width = max([len(col), *(len(r[i]) for r in rows)])
+        if i == 0:
+            table.add_column(col, justify="left", overflow="fold", min_width=width)
+        else:
+            table.add_column(col, justify="right" if all(_numeric(r[i]) for r in rows) else "left",
+                             no_wrap=True, min_width=width)
     for row in rows:
-        table.add_row(*("NULL" if row.get(c) is None else f"{row[c]:.6g}" if isinstance(row.get(c), float) else str(row.get(c))
-                        for c in columns))
+        table.add_row(*row)
     return table
+
+
+def plain(title: str, columns: list[str], rows: list[list[str]], note: str) -> str:
+    """The same table for a pipe or a file: aligned columns, no box characters, nothing cut."""
+    widths = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
+    lines = [title] if title else []
+    for cells in (columns, *rows):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+    if note:
+        lines.append(note)
+    return "\n".join(lines)
+
+
+def print_table(title: str, columns: list[str], rows: list[list[str]], note: str) -> None:
+    """A rich table on a terminal, plain aligned text otherwise (scripts, pipes, files)."""
+    import sys
+
+    if sys.stdout.isatty():
+        from rich.console import Console
+
+        console = Console()
+        console = Console(width=fitted_width(columns, rows, console.width))
+        console.print(grid(title, columns, rows, note))
+    else:
+        print(plain(title, columns, rows, note))
+
+
+def fitted_width(columns: list[str], rows: list[list[str]], terminal: int) -> int:
+    """The terminal's width, or the table's own when wider: then the terminal wraps the
+    lines, and nothing is cut or ellipsised."""
+    return max(terminal, sum(max([len(col), *(len(r[i]) for r in rows)]) + 2 for i, col in enumerate(columns)) + 2)
+
+
+def _numeric(cell: str) -> bool:
+    return cell.replace("+", "").replace("/", "").replace(" ", "").isdigit() or not cell
+
+
+def print_rows(rows: list[dict], columns: list[str]) -> None:
+    """Query answers and group lists: a row per key, a column per key and aggregate."""
+    cells = [["NULL" if row.get(c) is None else f"{row[c]:.6g}" if isinstance(row.get(c), float) else str(row.get(c))
+              for c in columns] for row in rows]
+    print_table("", columns, cells, "")

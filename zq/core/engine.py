@@ -569,19 +569,29 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 refused = [seq for seq in refused if not self.ack_inactive(q, sub, seq)]
         # publish -> ack latencies. Seqs published in the same millisecond share one
         # time-index entry, so a batch mostly needs one bisect, not one per message.
-        hist, edges = q.ack_latency, ACK_LATENCY_BUCKETS_MS
+        hist, edges, exact = q.ack_latency, ACK_LATENCY_BUCKETS_MS, q.ack_latency_ms
         ti_seq, ti_ms = self.ti_seq, self.ti_ms
         lo = hi = -1  # ti_seq[i] <= seq < hi shares entry i, whose latency is ``latency``
-        latency = bucket = total = 0
+        latency = bucket = total = run = 0
         for seq in seqs:
             if not lo <= seq < hi:
+                if run:  # the run of seqs sharing the previous entry: counted at once
+                    hist[bucket] += run
+                    key = latency_key(latency)
+                    exact[key] = exact.get(key, 0) + run
+                    total += latency * run
                 i = bisect_right(ti_seq, seq) - 1
                 latency = now - ti_ms[i] if i >= 0 else 0
                 bucket = bisect_left(edges, latency)
                 lo = ti_seq[i] if i >= 0 else 0
                 hi = ti_seq[i + 1] if i + 1 < len(ti_seq) else self.next_seq
-            hist[bucket] += 1
-            total += latency
+                run = 0
+            run += 1
+        if run:
+            hist[bucket] += run
+            key = latency_key(latency)
+            exact[key] = exact.get(key, 0) + run
+            total += latency * run
         q.ack_latency_sum_ms += total
         return refused
 
@@ -791,7 +801,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
-                                "sum_ms": q.ack_latency_sum_ms},
+                                "sum_ms": q.ack_latency_sum_ms, "ms": dict(q.ack_latency_ms)},
                 "consumers": [
                     {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog, "acked": s.acked,
                      "busy_ms": s.busy_ms}
@@ -955,6 +965,16 @@ def expire_exhausted(q: Queue) -> None:
             q.remove_available(seq)
             q.expired_out.append((seq, R.REASON_MAX_DELIVERIES, q.deliveries_of(seq), q.group_name_of(seq)))
             q.expired += 1
+
+
+def latency_key(ms: int) -> int:
+    """A measured latency kept to two significant digits (137 ms -> 130, 4,180 -> 4,100;
+    under 100 ms exact): at most 90 keys a decade, so ``zq top`` shows measured p50 and
+    p99 within 10 % instead of the coarse histogram's bucket edges."""
+    if ms < 100:
+        return ms
+    scale = 10 ** (len(str(ms)) - 2)
+    return ms // scale * scale
 
 
 def queue_kind(s: QueueSettings) -> str:

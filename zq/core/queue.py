@@ -239,6 +239,7 @@ class Queue:
         self.expired = self.dead_lettered = self.redelivered = 0
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
+        self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
 
     # ----------------------------------------------------------------- routing
 

@@ -88,6 +88,19 @@ def percentile_ms(buckets_ms: list[int], counts: list[int], p: float) -> float |
     return float("inf")  # pragma: no cover
 
 
+def measured_percentile_ms(counts: dict, p: float) -> float | None:
+    """The p-th percentile of latencies kept as {ms (two significant digits): count}."""
+    total = sum(counts.values())
+    if total <= 0:
+        return None
+    rank, seen = total * p / 100, 0
+    for ms in sorted(counts):
+        seen += counts[ms]
+        if seen >= rank:
+            return float(ms)
+    return float(max(counts))  # pragma: no cover
+
+
 def rate(curr: int, prev: int | None, dt_s: float) -> float:
     if prev is None or dt_s <= 0:
         return 0.0
@@ -110,12 +123,18 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         p = prevq.get(name)
         lat = q["ack_latency"]
         delta = [c - (p["ack_latency"]["counts"][i] if p else 0) for i, c in enumerate(lat["counts"])]
+        if "ms" in lat:  # measured values (a dispatcher from before them has the histogram only)
+            was = {int(k): v for k, v in p["ack_latency"].get("ms", {}).items()} if p else {}
+            now = {int(k): v - was.get(int(k), 0) for k, v in lat["ms"].items()}
+            p50, p99 = measured_percentile_ms(now, 50), measured_percentile_ms(now, 99)
+        else:
+            p50, p99 = percentile_ms(lat["buckets_ms"], delta, 50), percentile_ms(lat["buckets_ms"], delta, 99)
         queues.append(QueueRow(
             name=name, depth=q["depth"], leased=q["leased"],
             in_rate=rate(q["published"], p and p["published"], dt), out_rate=rate(q["acked"], p and p["acked"], dt),
             oldest_ms=q.get("oldest_ms"), redelivered=q["redelivered"], expired=q["expired"],
             dead_lettered=q["dead_lettered"], consumers=len(q["consumers"]),
-            p50_ms=percentile_ms(lat["buckets_ms"], delta, 50), p99_ms=percentile_ms(lat["buckets_ms"], delta, 99),
+            p50_ms=p50, p99_ms=p99,
             depth_history=history.add(name, q["depth"]),
         ))
         before = {c["sub"]: c for c in (p or {}).get("consumers", [])}
