@@ -65,6 +65,11 @@ def test_the_snippet_runs_as_written(server, tmp_path, line, code):
         pytest.importorskip("pyspark", reason="the Spark snippet needs pip install -e '.[spark]'")
     done = run_snippet(code, tmp_path, server.endpoint)
     assert done.returncode == 0, f"README.md:{line} failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    if "orders.copy" in code:  # a Spark write to a topic no queue covered made a queue: its rows can be consumed
+        from zq.client import Client
+
+        with Client(server.endpoint) as c:
+            assert "orders.copy" in {q["name"] for q in c.queues()} and c.peek("orders.copy", limit=1)
 
 
 def test_the_security_section_runs_as_written(tmp_path):

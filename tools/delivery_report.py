@@ -63,7 +63,8 @@ def figures(messages: Any, events: Any) -> dict[str, Any]:
     dead = (events.where("kind = 'expired'").groupBy("queue", "reason").agg(F.count("*").alias("messages"))
             .orderBy("queue", "reason"))
     consumers = (events.where("kind = 'acked' AND consumer IS NOT NULL").groupBy("queue", "consumer")
-                 .agg(F.count("*").alias("acked"), F.min("time").alias("first"), F.max("time").alias("last"))
+                 .agg(F.count("*").alias("acked"), F.min("time").alias("first"), F.max("time").alias("last"),
+                      F.max("consumer_name").alias("name"))  # as it said at HELLO (zq top shows the same)
                  .withColumn("span_s", (ms("last") - ms("first")) / 1e6)
                  # a rate needs enough acks over enough time: 1 ack is not "1000/s"
                  .withColumn("per_s", F.when((F.col("acked") >= RATE_MIN_ACKS) & (F.col("span_s") >= RATE_MIN_SPAN_S),
@@ -131,7 +132,8 @@ def report(rows: dict[str, list[dict]]) -> str:
     for r in rows["consumers"]:
         rate = (f"{r['per_s']:.0f}/s over {r['span_s']:.1f} s" if r["per_s"] is not None
                 else f"too few or too quick to rate (under {RATE_MIN_ACKS} acks or {RATE_MIN_SPAN_S:g} s)")
-        lines.append(f"{r['queue']} / {r['consumer']}: {r['acked']} acked, {rate}")
+        who = f"{r['name']} ({r['consumer']})" if r.get("name") else r["consumer"]
+        lines.append(f"{r['queue']} / {who}: {r['acked']} acked, {rate}")
     bad = [r for r in rows["group_order"] if r["out_of_order"]]
     groups = len(rows["group_order"])
     lines.append(f"group order: {groups - len(bad)} of {groups} groups delivered in publish order"

@@ -17,6 +17,17 @@ def step(engine, journal, now):  # type: ignore[no-untyped-def]
     journal.commit(now)
 
 
+def test_a_topic_no_queue_covers_dedups_with_the_default_window():
+    """With auto_queues off, a topic nobody covers is journaled all the same: a repeated
+    id there used to raise TypeError (the window's default read a struct's descriptor)."""
+    j = MemoryJournal()
+    e = Engine(auto_queues=False, content=j.get_message, find_id=j.find_id)
+    first = e.publish("audit", b"a", {}, 0, msg_id="order-1")
+    step(e, j, 0)
+    assert e.publish("audit", b"again", {}, 1, msg_id="order-1") == first
+    assert e.publish("audit", b"later", {}, 86_400_001, msg_id="order-1") != first  # past the window: new
+
+
 def test_a_repeat_in_the_same_step_or_batch_returns_the_first_bookmark():
     j = MemoryJournal()
     e = engine_on(j)

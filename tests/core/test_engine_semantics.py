@@ -496,6 +496,20 @@ def test_the_time_index_forgets_finished_messages_so_memory_stays_bounded():
     assert len(h.engine.ti_ms) < 1100
 
 
+def test_events_carry_the_name_a_consumer_gave_until_its_last_event_is_out():
+    h = Harness(q(max_per_subscription_backlog=10, lease_ms=10**6))
+    h.pub("jobs", 3)
+    h.engine.subscribe("c1/s", "jobs", "c1", 2, h.now, consumer_name="host-a:101")
+    h.engine.subscribe("c2/s", "jobs", "c2", 1, h.now)  # gave no name
+    out = h.engine.drain(h.now)
+    leased = {e.consumer: e.consumer_name for e in out.records if type(e) is R.Event and e.kind == R.LEASED}
+    assert leased == {"c1": "host-a:101", "c2": ""}
+    h.engine.disconnect("c1", h.now)  # its leases come back: that event still names it
+    out = h.engine.drain(h.now)
+    names = {e.consumer_name for e in out.records if type(e) is R.Event and e.consumer == "c1"}
+    assert names == {"host-a:101"} and "c1" not in h.engine.consumer_names  # then forgotten: bounded
+
+
 def test_measured_latencies_keep_two_significant_digits_and_count_every_ack():
     from zq.core.engine import latency_key
 

@@ -37,7 +37,7 @@ def test_report_figures_match_a_direct_computation(spark, tmp_path):
     queue = QueueSettings(name="jobs", max_cancels=1, dead_letter="jobs.dead")
     d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], queues=[queue])).start()
     try:
-        with zq.connect(d.endpoint) as c:
+        with zq.connect(d.endpoint, name="desk-7 worker") as c:
             c.publish_many("jobs", [f"m{i}" for i in range(60)], headers=None)
             for i in range(30):
                 c.publish("jobs", f"g{i}", group=f"cust-{i % 4}")
@@ -80,6 +80,8 @@ def test_report_figures_match_a_direct_computation(spark, tmp_path):
         if kind == "acked" and q == "jobs":
             per_consumer[consumer] = per_consumer.get(consumer, 0) + 1
     assert {r["consumer"]: r["acked"] for r in rows["consumers"] if r["queue"] == "jobs"} == per_consumer
+    names = {r["name"] for r in rows["consumers"]}  # the name it gave (after host:pid), as zq top shows it
+    assert len(names) == 1 and names.pop().endswith(" desk-7 worker")
     for r in rows["consumers"]:  # a rate only from enough acks over enough time
         assert (r["per_s"] is None) == (r["acked"] < 10 or r["span_s"] < 1.0), r
     audited = {r["group"]: r for r in rows["group_order"] if r["queue"] == "jobs"}
@@ -87,6 +89,7 @@ def test_report_figures_match_a_direct_computation(spark, tmp_path):
     assert sum(r["messages"] for r in audited.values()) == sum(1 for b in leases if groups.get(b))
     assert all(r["out_of_order"] == 0 for r in audited.values())
     report = (tmp_path / "report" / "report.txt").read_text()
+    assert " desk-7 worker (" in report
     assert "jobs: 84 acked" in report and "4 of 4 groups delivered in publish order" in report
     assert (tmp_path / "report" / "latency.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "report" / "latency").is_dir()
@@ -96,8 +99,9 @@ def test_the_report_gives_no_rate_for_a_consumer_with_too_few_acks():
     from tools.delivery_report import report
 
     rows = {"latency": [], "deliveries": [], "time_in_queue": [], "dead_letters": [], "group_order": [],
-            "consumers": [{"queue": "jobs", "consumer": "w1", "acked": 1, "span_s": 0.0, "per_s": None},
-                          {"queue": "jobs", "consumer": "w2", "acked": 500, "span_s": 2.5, "per_s": 200.0}]}
+            "consumers": [{"queue": "jobs", "consumer": "w1", "acked": 1, "span_s": 0.0, "per_s": None, "name": None},
+                          {"queue": "jobs", "consumer": "w2", "acked": 500, "span_s": 2.5, "per_s": 200.0,
+                           "name": None}]}
     text = report(rows)
     assert "jobs / w1: 1 acked, too few or too quick to rate" in text and "1000/s" not in text
     assert "jobs / w2: 500 acked, 200/s over 2.5 s" in text
@@ -109,9 +113,10 @@ def test_the_group_order_audit_catches_a_group_delivered_out_of_order(spark):
     t = datetime(2026, 1, 1, tzinfo=timezone.utc)
     messages = spark.createDataFrame([(1, "jobs", t, "g"), (2, "jobs", t, "g"), (3, "jobs", t, "h")],
                                      "bookmark bigint, topic string, timestamp timestamp, `group` string")
-    leased = [(t, "jobs", b, "leased", "w", 1, None, seq) for b, seq in ((2, 10), (1, 11), (3, 12))]
+    leased = [(t, "jobs", b, "leased", "w", 1, None, seq, None) for b, seq in ((2, 10), (1, 11), (3, 12))]
     events = spark.createDataFrame(leased, "time timestamp, queue string, bookmark bigint, kind string, "
-                                           "consumer string, deliveries int, reason string, event_seq bigint")
+                                           "consumer string, deliveries int, reason string, event_seq bigint, "
+                                           "consumer_name string")
     audit = {r["group"]: r["out_of_order"] for r in figures(messages, events)["group_order"].collect()}
     assert audit == {"g": 1, "h": 0}
 

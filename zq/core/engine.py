@@ -44,7 +44,7 @@ from zq.core.depth import TargetDepthMixin
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
-from zq.core.settings import QueueSettings, auto_queue, check_queue_name, check_topic
+from zq.core.settings import DEDUP_WINDOW_MS_DEFAULT, QueueSettings, auto_queue, check_queue_name, check_topic
 
 
 # Publish -> ack latency histogram bucket upper bounds (ms); the last bucket is +Inf.
@@ -103,6 +103,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.next_seq = next_seq
         self.subs: dict[str, Subscription] = {}
         self.subs_of_consumer: dict[str, set[str]] = {}
+        # What consumers called themselves (HELLO): written into their events, so the
+        # journal's history names them; dropped once a gone consumer's last events are out.
+        self.consumer_names: dict[str, str] = {}
+        self.names_to_forget: list[str] = []
         self.route_cache: dict[str, list[Queue]] = {}
         self.records: list[Any] = []
         self.deliveries: list[Deliver] = []
@@ -211,7 +215,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def seen_ids(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
                  now_ms: int) -> dict[int, int]:
         """Items whose message id was published to ``topic`` within the dedup window."""
-        window = max((q.settings.dedup_window_ms for q in queues), default=QueueSettings.dedup_window_ms)
+        window = max((q.settings.dedup_window_ms for q in queues), default=DEDUP_WINDOW_MS_DEFAULT)
         if not window:
             return {}
         known: dict[int, int] = {}
@@ -419,7 +423,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
     # ------------------------------------------------------ subscriptions
 
     def subscribe(
-        self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int, filter: str | None = None
+        self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int, filter: str | None = None,
+        consumer_name: str = "",
     ) -> int:
         """Open a subscription; returns its backlog (the credit it gets).
 
@@ -446,6 +451,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
         sub = Subscription(sub_id, q, consumer, backlog, match, filter or None)
         self.subs[sub_id] = sub
         self.subs_of_consumer.setdefault(consumer, set()).add(sub_id)
+        if consumer_name:
+            self.consumer_names[consumer] = consumer_name
         q.add_subscription(sub)
         return backlog
 
@@ -494,6 +501,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         *,
         destructive: bool = False,
         filter: str | None = None,
+        consumer_name: str = "",
     ) -> None:
         """Open a claim (Marconi): up to ``limit`` messages leased for ``lease_ms``.
 
@@ -509,7 +517,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None
         sub = self.subs.get(sub_id)
         if sub is None:
-            self.subscribe(sub_id, queue, consumer, 1, now_ms)
+            self.subscribe(sub_id, queue, consumer, 1, now_ms, consumer_name=consumer_name)
             sub = self.subs[sub_id]
             sub.pull = True
             sub.backlog = 0
@@ -547,6 +555,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             ids.discard(sub_id)
             if not ids:
                 del self.subs_of_consumer[sub.consumer]
+                if sub.consumer in self.consumer_names:  # kept until its last events are out (drain)
+                    self.names_to_forget.append(sub.consumer)
         sub.queue.remove_subscription(sub)
 
     def disconnect(self, consumer: str, now_ms: int) -> None:
@@ -677,7 +687,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if sub.out_seqs:
                 seqs, deliveries = sub.queue.take_outbox(sub)
                 if not sub.queue.browse:  # browsing leases nothing: no event
-                    self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs, deliveries))
+                    self.records.append(R.Event(self.take_seq(), now, R.LEASED, sub.queue.name, sub.consumer, seqs,
+                                                deliveries, "", self.consumer_names.get(sub.consumer, "")))
                 self.deliveries.append(Deliver(sub.sub_id, sub.queue.name, seqs, deliveries))
                 if sub.destructive:
                     self.ack(sub.sub_id, seqs, now)  # a destructive claim: gone before it is sent
@@ -686,6 +697,11 @@ class Engine(ManagementMixin, TargetDepthMixin):
             self.rp_due_ms = now + limits.RECOVERY_POINT_INTERVAL_MS
             self.write_recovery_points()
         self.check_overflow_ends()
+        if self.names_to_forget:
+            for consumer in self.names_to_forget:
+                if consumer not in self.subs_of_consumer:
+                    self.consumer_names.pop(consumer, None)
+            self.names_to_forget = []
         out = Output(self.records, self.deliveries)
         self.records, self.deliveries = [], []
         self.step_messages = None
@@ -746,7 +762,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for (kind, consumer, reason), batch in events.items():
             seqs = [s for s, _ in batch]
             ds = [d for _, d in batch]
-            self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason))
+            self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason,
+                                        self.consumer_names.get(consumer, "")))
 
     def write_recovery_points(self) -> None:
         lowest = self.next_seq

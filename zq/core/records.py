@@ -60,6 +60,7 @@ class Event(msgspec.Struct, array_like=True, gc=False, tag="e"):
     bookmarks: list[int]
     deliveries: list[int]
     reason: str = ""
+    consumer_name: str = ""  # the name the consumer gave at HELLO (appended: older records decode with "")
 
 
 class QueueDeclared(msgspec.Struct, array_like=True, gc=False, tag="q"):

@@ -32,6 +32,9 @@ def check_queue_name(name: str) -> None:
 
 
 
+DEDUP_WINDOW_MS_DEFAULT = 86_400_000  # also the window of topics no queue covers (auto_queues = false)
+
+
 class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     topics: str | None = None  # regex over topic names; None means exactly ``name``
@@ -61,7 +64,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     overflow: str = "reject"  # at a limit: "reject" | "ring" (drop the oldest available) | "flow-control"
     resume_percent: int = 90  # flow-control: confirmations flow again below this % of the limits
     leasing: str = "strict"  # "shared": ack-by-filter may also take leased messages
-    dedup_window_ms: int = 86_400_000  # a message id seen this recently on the topic enqueues nothing (0: off)
+    dedup_window_ms: int = DEDUP_WINDOW_MS_DEFAULT  # a message id seen this recently on the topic enqueues nothing (0: off)
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:

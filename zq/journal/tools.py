@@ -139,7 +139,7 @@ def event_rows(e: R.Event) -> Iterator[dict[str, Any]]:
     """One row per bookmark: the journal batches events, analytics want them apart."""
     for seq, d in zip(e.bookmarks, e.deliveries):
         yield {"seq": e.seq, "ts_ms": e.ts_ms, "kind": e.kind, "queue": e.queue, "consumer": e.consumer,
-               "bookmark": seq, "deliveries": d, "reason": e.reason}
+               "bookmark": seq, "deliveries": d, "reason": e.reason, "consumer_name": e.consumer_name}
 
 
 def export(path: str, out_dir: str, fmt: str = "jsonl", from_seq: int = 0, to_seq: int | None = None,
@@ -190,7 +190,7 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
 MESSAGE_SCHEMA = [("bookmark", "int64"), ("ts_ms", "int64"), ("topic", "string"), ("headers", "map"),
                   ("msg_id", "string"), ("data", "string"), ("encoding", "string")]
 EVENT_SCHEMA = [("seq", "int64"), ("ts_ms", "int64"), ("kind", "string"), ("queue", "string"), ("consumer", "string"),
-                ("bookmark", "int64"), ("deliveries", "int64"), ("reason", "string")]
+                ("bookmark", "int64"), ("deliveries", "int64"), ("reason", "string"), ("consumer_name", "string")]
 
 
 def write_parquet(path: Path, rows: Iterable[dict], schema: list[tuple[str, str]], chunk: int = 100_000) -> int:

@@ -161,7 +161,7 @@ class Commands:
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
         backlog = self.engine.subscribe(sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
-                                        filter=cmd.filter)
+                                        filter=cmd.filter, consumer_name=peer.name)
         peer.subs.add(cmd.sub)
         q = self.engine.queues.get(cmd.queue)
         header = q.settings.group_header if q is not None else "group"
@@ -186,7 +186,7 @@ class Commands:
             raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
         wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
         self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
-                          destructive=cmd.destructive, filter=cmd.filter)
+                          destructive=cmd.destructive, filter=cmd.filter, consumer_name=peer.name)
         peer.subs.add(cmd.sub)
         self.claims[key] = (peer_id, cmd.req, now + wait_ms)
 

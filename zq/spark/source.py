@@ -67,7 +67,7 @@ from zq.wire.records import decode_events, decode_messages
 MESSAGE_DDL = ("bookmark BIGINT, topic STRING, timestamp TIMESTAMP, msg_id STRING, `group` STRING, priority BIGINT, "
                "headers MAP<STRING, STRING>, payload BINARY")
 EVENT_DDL = ("time TIMESTAMP, queue STRING, bookmark BIGINT, kind STRING, consumer STRING, deliveries INT, reason STRING, "
-             "event_seq BIGINT")
+             "event_seq BIGINT, consumer_name STRING")
 UTC_US = pa.timestamp("us", tz="UTC")
 # Records per RANGE answer. Measured (bench/spark.py, 1M rows, local[2]): 16,384 (about
 # 2.5 MB at 128 B) reads faster than 65,536, because each answer's few copies then stay
@@ -80,7 +80,7 @@ MESSAGE_SCHEMA = pa.schema([
 ])
 EVENT_SCHEMA = pa.schema([
     ("time", UTC_US), ("queue", pa.string()), ("bookmark", pa.int64()), ("kind", pa.string()), ("consumer", pa.string()),
-    ("deliveries", pa.int32()), ("reason", pa.string()), ("event_seq", pa.int64()),
+    ("deliveries", pa.int32()), ("reason", pa.string()), ("event_seq", pa.int64()), ("consumer_name", pa.string()),
 ])
 
 
@@ -312,6 +312,7 @@ def event_rows(evs: list[R.Event]) -> dict[str, list]:
         cols["deliveries"] += e.deliveries
         cols["reason"] += [e.reason or None] * n
         cols["event_seq"] += [e.seq] * n
+        cols["consumer_name"] += [e.consumer_name or None] * n
     return cols
 
 
