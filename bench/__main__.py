@@ -26,7 +26,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling", "floors")
+             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build")
 
 
 def machine() -> dict:
@@ -83,6 +83,10 @@ def run(scenario: str, quick: bool) -> list[dict]:
         from bench import access
 
         return access.claim_latency(200 if quick else 5_000)
+    if scenario == "build":
+        from bench import build
+
+        return build.compare(1 if quick else 3, 20_000 if quick else 1_000_000, 3_000 if quick else 100_000)
     if scenario == "ceiling":
         from bench import ceiling
 

@@ -30,6 +30,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used (from /proc): what a dispatcher costs its host."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(n: int, seconds: float) -> dict:
+    """The dispatcher's CPU per message, and what one core of it would carry."""
+    return {"server_cpu_us_per_msg": round(seconds / n * 1e6, 2),
+            "msgs_per_server_core_s": round(n / seconds) if seconds > 0 else None}
+
+
 def child_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
@@ -117,8 +129,10 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
                consumer: str = "worker", group_policy: str = "sequenced") -> dict:
     fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy)
     try:
+        cpu_before = cpu_seconds(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
         fleet.wait_acked(n, timeout=600)
+        cpu = cpu_seconds(fleet.server.pid) - cpu_before
         reports = fleet.reports()
     finally:
         fleet.close()
@@ -130,6 +144,7 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
         "publish": mode, "groups": groups, "group_policy": group_policy if groups else None,
         "consumer": CONSUMERS[consumer],
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
+        **server_cpu(n, cpu),
         "worker_shares": [r["count"] for r in reports],
     }
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.e2e import child_env, free_port
+from bench.e2e import child_env, cpu_seconds, free_port, server_cpu
 
 STREAM = "bench"
 PAYLOAD = b"x" * 128
@@ -91,6 +91,13 @@ class Peer:
             wait_port(self.port, 90)
         return self
 
+    def server_pid(self) -> int | None:
+        """The server process itself (RabbitMQ's broker runs below a wrapper: its PID file)."""
+        if self.system.startswith("rabbitmq"):
+            pid_file = Path(f"{self.tmp}/broker.pid")
+            return int(pid_file.read_text()) if pid_file.exists() else None
+        return self.proc.pid if self.proc is not None else None
+
     def stop(self) -> None:
         if self.system.startswith("rabbitmq"):
             self.stop_rabbit()
@@ -133,6 +140,8 @@ def run(system: str, n: int, workers: int = 4, backlog: int = 16) -> dict:
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.peers", "worker", system, str(peer.port),
                                            str(backlog), str(out)], env=child_env()))
         time.sleep(1.0)  # let the workers attach (they wait on an empty stream / queue)
+        pid = peer.server_pid()
+        cpu_before = cpu_seconds(pid) if pid else None
         prod = subprocess.run([sys.executable, "-m", "bench.peers", "producer", system, str(peer.port), str(n)],
                               env=child_env(), capture_output=True, text=True, timeout=900)
         if prod.returncode:
@@ -147,6 +156,7 @@ def run(system: str, n: int, workers: int = 4, backlog: int = 16) -> dict:
                 raise RuntimeError(f"{system}: a worker died (exit {dead[0]})")
             time.sleep(0.1)
         reports = [json.loads(o.read_text()) for o in outs]
+        cpu = cpu_seconds(pid) - cpu_before if pid and cpu_before is not None else None
     finally:
         for w in procs:
             w.send_signal(signal.SIGTERM)
@@ -161,6 +171,7 @@ def run(system: str, n: int, workers: int = 4, backlog: int = 16) -> dict:
         "system": system, "messages": n, "confirm_means": CONFIRMS[system],
         "e2e_msgs_per_s": round(n / ((last_ack - p["first_ns"]) / 1e9)),
         "confirmed_msgs_per_s": round(n / ((p["last_confirm_ns"] - p["first_ns"]) / 1e9)),
+        **(server_cpu(n, cpu) if cpu is not None else {"server_cpu_us_per_msg": None}),
     }
 
 

@@ -9,7 +9,8 @@ from bench.__main__ import main
 
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
-                                      "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors"])
+                                      "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
+                                      "build"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys):
     if scenario == "peers":
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
@@ -35,6 +36,10 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             continue
         if scenario == "groups" and row["groups"]:
             assert row["of_ungrouped"] > 0, row  # judged against the ungrouped run of the same invocation
+        if scenario in ("throughput", "peak", "peers"):
+            assert "server_cpu_us_per_msg" in row, row  # the dispatcher's (or peer server's) CPU per message
+        if scenario == "build" and "speedup" in row:
+            assert row["speedup"] > 0, row
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]
         assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers), row
     assert scenario in capsys.readouterr().out

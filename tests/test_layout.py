@@ -18,6 +18,8 @@ ALLOWED = {
     "zq.journal": {"zq.core", "zq.journal"},
     "zq.wire": {"zq.core", "zq.wire"},
     "zq.keys": {"zq.core", "zq.keys"},
+    "zq.build": {"zq.build", "zq._compiled"},  # which build of the core runs (imported first by zq)
+    "zq._compiled": {"zq._compiled"},  # written by setup.py when the core was compiled
     "zq.server": {"zq.core", "zq.journal", "zq.wire", "zq.keys", "zq.server"},
     "zq.client": {"zq.core", "zq.wire", "zq.keys", "zq.client"},
     "zq.spark": {"zq.core", "zq.journal", "zq.wire", "zq.keys", "zq.client", "zq.spark"},

@@ -10,7 +10,11 @@
 
 __version__ = "0.1.0"
 
-from zq import aio
+from zq import build as _build
+
+_build.install()  # compiled or interpreted core: decided before any of it loads (zq.build)
+
+from zq import aio  # noqa: E402
 from zq.client import Client, ConnectionLost, Message, Subscription, connect
 from zq.server.config import Config
 from zq.core.errors import (

@@ -58,6 +58,7 @@ def run(seed: int, batched: bool, **settings) -> tuple:
 KINDS = [{}, {"group_policy": "exclusive"}, {"group_header": None}, {"max_bytes": 10**9}]
 
 
+@pytest.mark.interpreted_core
 @pytest.mark.parametrize("settings", KINDS, ids=["default", "exclusive", "no-groups", "sized"])
 @pytest.mark.parametrize("seed", range(6))
 def test_batched_acks_leave_what_single_acks_leave(seed, settings):

@@ -30,6 +30,7 @@ def test_crashes_and_worker_deaths_are_actually_injected():
     assert any(s.options.p_worker_death > 0 for s in sims)
 
 
+@pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",

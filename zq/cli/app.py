@@ -35,10 +35,12 @@ def show_version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
 
+        from zq.build import describe
+
         try:
-            typer.echo(f"zq {version('zq')}")
+            typer.echo(f"zq {version('zq')} ({describe()})")
         except PackageNotFoundError:  # run from a tree that is not installed
-            typer.echo("zq (not installed)")
+            typer.echo(f"zq (not installed; {describe()})")
         raise typer.Exit(RET_OK)
 
 
@@ -115,7 +117,10 @@ def serve(
         signal.signal(sig, lambda *_: server.stop())
     signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
     queues = ", ".join(server.engine.queues) or "none yet (auto-created on first use)"
-    typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}", err=True)
+    from zq.build import describe
+
+    typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}; "
+               f"{describe()}", err=True)
     if server.metrics is not None:
         typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()

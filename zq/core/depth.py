@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import trait
+
 from zq.core import records as R
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ _SCAN_MIN = 256  # read at least this many records per scan: batch the journal r
 _SCAN_ROUNDS = 16  # scans per refill at most: other topics' records must not stall the loop
 
 
+@trait  # mypyc: a compiled class may mix in traits only
 class TargetDepthMixin:
     """Engine methods for queues with a target depth (mixed into ``Engine``)."""
 

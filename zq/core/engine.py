@@ -41,6 +41,7 @@ from zq.core.errors import (
     ZqError,
 )
 from zq.core.depth import TargetDepthMixin
+from zq.core.effects import Deliver, Output  # noqa: F401 -- also zq.core.engine's: where they were
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
@@ -49,20 +50,6 @@ from zq.core.settings import DEDUP_WINDOW_MS_DEFAULT, QueueSettings, auto_queue,
 
 # Publish -> ack latency histogram bucket upper bounds (ms); the last bucket is +Inf.
 ACK_LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
-
-
-class Deliver(msgspec.Struct, array_like=True, gc=False):
-    """Send these messages to subscription ``sub_id`` (payloads come from the journal)."""
-
-    sub_id: str
-    queue: str
-    seqs: list[int]
-    deliveries: list[int]
-
-
-class Output(msgspec.Struct, gc=False):
-    records: list[Any]
-    deliveries: list[Deliver]
 
 
 class Engine(ManagementMixin, TargetDepthMixin):
@@ -843,7 +830,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         """
         q = self.queue(queue)
         match = self.matcher(expr.compile_filter(filter, self.expr_limits)) if filter else None
-        out = []
+        out: list[tuple[int, int]] = []
         for i, seq in enumerate(q.waiting()):
             if len(out) >= limit or i >= limits.VIEW_SCAN_MAX:
                 break

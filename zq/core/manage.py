@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import trait
+
 import msgspec
 
 from zq.core import expr, limits
@@ -47,6 +49,7 @@ class BulkCursor:
         self.match: Callable[[int], bool] | None = None
 
 
+@trait  # mypyc: a compiled class may mix in traits only
 class ManagementMixin:
     """Engine methods for operators; see the module docstring."""
 

@@ -39,11 +39,12 @@ _U64 = struct.Struct(">Q")
 
 def priority_of(value: object) -> int:
     """A priority expression's result as an unsigned 64-bit integer (0 when unusable)."""
-    if type(value) is str:  # the common case, a header: the cheap parse first
+    if isinstance(value, str):  # the common case, a header: the cheap parse first
+        text = value
         try:
-            value = int(value)
+            value = int(text)
         except ValueError:
-            value = _number(value)
+            value = _number(text)
     if type(value) is int:
         return value if 0 <= value <= PRIORITY_MAX else (0 if value < 0 else PRIORITY_MAX)
     if type(value) is float:
