@@ -106,7 +106,8 @@ def run(scenario: str, quick: bool) -> list[dict]:
         secs = 1.0 if quick else 10.0
         return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
             e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
-            e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs)]
+            e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
+            e2e.embedded_latency(secs)]
     if scenario == "floors":
         from bench import floors
 

@@ -173,9 +173,14 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     }
 
 
-def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "batch", backlog: int = 16) -> dict:
+def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "batch", backlog: int = 16,
+                     clients: str = "publisher+worker") -> dict:
     """An embedded dispatcher, one in-process worker over inproc://, a paced publisher
-    on the main thread; the host process otherwise idle."""
+    on the main thread; the host process otherwise idle. ``clients``: the single-threaded
+    ``zq.Publisher`` and ``zq.Worker`` (three threads in all: publisher, dispatcher,
+    worker), or ``zq.Client`` for both (each adds an I/O thread: five in all)."""
+    if clients == "publisher+worker":
+        return embedded_latency_direct(seconds, rate=rate, durability=durability, backlog=backlog)
     import threading
 
     import zq
@@ -218,8 +223,65 @@ def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "b
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability,
-        "transport": "inproc (embedded)", "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-        "publish_to_confirm_us": percentiles(confirm_us),
+        "transport": "inproc (embedded)", "clients": "zq.Client (I/O threads)", "messages": n,
+        "publish_to_worker_us": percentiles(deliver_us), "publish_to_confirm_us": percentiles(confirm_us),
+    }
+
+
+def embedded_latency_direct(seconds: float, *, rate: float, durability: str, backlog: int) -> dict:
+    """The embedded shape of examples/embedded_dispatcher.py: zq.Publisher on the main
+    thread, zq.Worker on one thread, no client I/O threads."""
+    import shutil
+    import threading
+
+    import zq
+    from zq.server.config import Config
+
+    n = int(seconds * rate)
+    tmp = tempfile.mkdtemp(prefix="zq-bench-embedded-")
+    d = zq.Dispatcher(Config(data=f"{tmp}/journal", bind=[], durability=durability)).start()
+    deliver_us: list[float] = []
+    confirm_us: list[float] = []
+    ready, done = threading.Event(), threading.Event()
+    payload = b"x" * 128
+
+    def work() -> None:
+        with zq.Worker(d.inproc, QUEUE, max_backlog=backlog, name="bench-embedded-worker") as w:
+            ready.set()
+            seen = 0
+            while seen < n:
+                msg = w.get(timeout=30)
+                if msg is None:
+                    return
+                now = time.time_ns()
+                deliver_us.append((now - int.from_bytes(msg.data[:8], "big")) / 1000)
+                msg.ack()
+                seen += 1
+        done.set()
+
+    try:
+        with zq.Publisher(d.inproc, name="bench-embedded-publisher") as pub:
+            pub.publish(QUEUE, b"warm-up")  # creates the queue
+            with zq.connect(d.inproc) as c:
+                c.purge(QUEUE)
+            worker = threading.Thread(target=work, name="bench-embedded-worker", daemon=True)
+            worker.start()
+            if not ready.wait(30):
+                raise RuntimeError("the embedded worker did not start")
+            for _ in publish_times(n, rate):
+                sent = time.time_ns()
+                pub.publish(QUEUE, sent.to_bytes(8, "big") + payload[8:])  # returns once journaled
+                confirm_us.append((time.time_ns() - sent) / 1000)
+            if not done.wait(60):
+                raise RuntimeError(f"the embedded worker got {len(deliver_us)} of {n}")
+            worker.join(10)
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability,
+        "transport": "inproc (embedded)", "clients": "zq.Publisher + zq.Worker (no I/O threads)", "messages": n,
+        "publish_to_worker_us": percentiles(deliver_us), "publish_to_confirm_us": percentiles(confirm_us),
     }
 
 
