@@ -29,6 +29,18 @@ SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "pea
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "build")
 
 
+def redis_latency(secs: float) -> list[dict]:
+    """Redis Streams' row beside zq's latency rows (when redis-server is installed)."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        print("latency: redis-server not installed: no Redis Streams row (apt-get install redis-server)")
+        return []
+    from bench import peers
+
+    return [peers.latency(secs)]
+
+
 def machine() -> dict:
     cpu = "unknown"
     try:
@@ -107,7 +119,7 @@ def run(scenario: str, quick: bool) -> list[dict]:
         return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
             e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
             e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
-            e2e.embedded_latency(secs)]
+            e2e.embedded_latency(secs)] + redis_latency(secs)
     if scenario == "floors":
         from bench import floors
 

@@ -362,9 +362,104 @@ def worker(system: str, port: int, backlog: int, out: str) -> None:
     report()
 
 
+# ------------------------------------------------------------------- latency
+
+
+def latency(seconds: float, rate: float = 2000, workers: int = 4, backlog: int = 16) -> dict:
+    """Redis Streams on the latency workload of ``bench.e2e.latency``: a paced producer
+    (one XADD a message, its reply the confirmation), four consumer-group workers (XACK
+    riding on the next XREADGROUP, as in ``run``), publish -> worker measured from a
+    timestamp in the payload. Run beside zq's rows in the same invocation."""
+    from bench.e2e import percentiles
+
+    n = int(seconds * rate)
+    peer = Peer("redis-streams").start()
+    procs: list[subprocess.Popen] = []
+    outs = [Path(peer.tmp) / f"lat{i}.json" for i in range(workers)]
+    try:
+        setup("redis-streams", peer.port)
+        for out in outs:
+            procs.append(subprocess.Popen([sys.executable, "-m", "bench.peers", "latency-worker", "redis-streams",
+                                           str(peer.port), str(backlog), str(out)], env=child_env()))
+        time.sleep(1.0)  # let the workers attach
+        prod = subprocess.run([sys.executable, "-m", "bench.peers", "latency-producer", "redis-streams",
+                               str(peer.port), str(n), str(rate)], env=child_env(), capture_output=True, text=True,
+                              timeout=900)
+        if prod.returncode:
+            raise RuntimeError(prod.stderr[-2000:])
+        confirm_us = json.loads(prod.stdout)["confirm_us"]
+        deadline = time.monotonic() + 120
+        while sum(json.loads(o.read_text())["count"] for o in outs if o.exists()) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-streams: not all latency messages were taken")
+            time.sleep(0.1)
+    finally:
+        for w in procs:
+            w.send_signal(signal.SIGTERM)
+        for w in procs:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        deliver_us = [x for o in outs if o.exists() for x in json.loads(o.read_text()).get("latencies_us", [])]
+        peer.stop()
+    return {"scenario": "latency", "system": "redis-streams", "rate": rate, "seconds": seconds,
+            "durability": "AOF, fsync every second", "transport": "tcp loopback", "messages": n, "publish_to_worker_us": percentiles(deliver_us),
+            "publish_to_confirm_us": percentiles(confirm_us)}
+
+
+def latency_producer(port: int, n: int, rate: float) -> dict:
+    import redis
+
+    from bench.e2e import publish_times
+
+    r = redis.Redis(port=port)
+    confirm_us = []
+    for _ in publish_times(n, rate):
+        sent = time.time_ns()
+        r.xadd(STREAM, {"d": sent.to_bytes(8, "big") + PAYLOAD[8:]})
+        confirm_us.append((time.time_ns() - sent) / 1000)
+    return {"confirm_us": confirm_us}
+
+
+def latency_worker(port: int, backlog: int, out: str) -> None:
+    import redis
+
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    r = redis.Redis(port=port)
+    name = f"w{os.getpid()}"
+    ids: list = []
+    latencies: list[float] = []
+
+    def report() -> None:
+        Path(out + ".tmp").write_text(json.dumps({"count": len(latencies), "latencies_us": latencies}))
+        os.replace(out + ".tmp", out)
+
+    while not stop:
+        pipe = r.pipeline(transaction=False)
+        if ids:
+            pipe.xack(STREAM, "workers", *ids)
+        pipe.xreadgroup("workers", name, {STREAM: ">"}, count=backlog, block=100)
+        got = pipe.execute()[-1]
+        now = time.time_ns()
+        ids = []
+        for _, entries in got or []:
+            for mid, fields in entries:
+                latencies.append((now - int.from_bytes(fields[b"d"][:8], "big")) / 1000)
+                ids.append(mid)
+        if not ids:
+            report()
+    report()
+
+
 if __name__ == "__main__":
     role, system = sys.argv[1], sys.argv[2]
     if role == "producer":
         print(json.dumps(producer(system, int(sys.argv[3]), int(sys.argv[4]))))
     elif role == "worker":
         worker(system, int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    elif role == "latency-producer":
+        print(json.dumps(latency_producer(int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))))
+    elif role == "latency-worker":
+        latency_worker(int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -52,9 +52,11 @@ def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
     for i, row in enumerate(rows):
         ps = row.get("publish_to_worker_us") or row["round_trip_us"]  # floors' echo rows: a round trip
         xs = [j + i * width for j in range(len(ps))]
-        name = row.get("case") or f"{row['transport']}, durability {row['durability']}"
+        name = row.get("case") or ", ".join(str(x) for x in (
+            row.get("system", "zq"), row["transport"], row.get("clients") or row.get("publisher"),
+            f"durability {row.get('durability', '?')}") if x)
         what = "round trip" if "round_trip_us" in row else "publish → worker"
-        ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"{name[:60]} ({what})")
+        ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"{name[:90]} ({what})")
     ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(3)], ["p50", "p99", "p99.9"])
     ax.set_ylabel("µs")
     ax.legend(fontsize=7)
