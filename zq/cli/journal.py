@@ -69,13 +69,13 @@ def export(
             finally:
                 reader.close()
         counts = export_with_progress(lambda progress: journal_export(data, out, fmt, int(start), to_seq, progress),
-                                      data, int(start), to_seq)
+                                      data)
     except ZqError as exc:
         raise fail(str(exc), RET_USAGE) from None
     typer.echo(json.dumps(counts))
 
 
-def export_with_progress(run, data: str, start: int, to_seq: Optional[int]):  # type: ignore[no-untyped-def]
+def export_with_progress(run, data: str):  # type: ignore[no-untyped-def]
     """A bar on stderr while an export reads the journal (only on a terminal: scripts
     and pipes get the counts alone)."""
     import sys

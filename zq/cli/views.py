@@ -61,8 +61,7 @@ def grid(title: str, columns: list[str], rows: list[list[str]], note: str) -> Ta
     widest cell (print it on a console at least ``fitted_width`` wide)."""
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption=note or None, caption_justify="left")
-    for i, col in enumerate(columns):
-        width = max([len(col), *(len(r[i]) for r in rows)])
+    for i, (col, width) in enumerate(zip(columns, column_widths(columns, rows))):
         if i == 0:
             table.add_column(col, justify="left", overflow="fold", min_width=width)
         else:
@@ -75,7 +74,7 @@ def grid(title: str, columns: list[str], rows: list[list[str]], note: str) -> Ta
 
 def plain(title: str, columns: list[str], rows: list[list[str]], note: str) -> str:
     """The same table for a pipe or a file: aligned columns, no box characters, nothing cut."""
-    widths = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
+    widths = column_widths(columns, rows)
     lines = [title] if title else []
     for cells in (columns, *rows):
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
@@ -91,8 +90,7 @@ def print_table(title: str, columns: list[str], rows: list[list[str]], note: str
     if sys.stdout.isatty():
         from rich.console import Console
 
-        console = Console()
-        console = Console(width=fitted_width(columns, rows, console.width))
+        console = Console(width=fitted_width(columns, rows, Console().width))
         console.print(grid(title, columns, rows, note))
     else:
         print(plain(title, columns, rows, note))
@@ -101,7 +99,12 @@ def print_table(title: str, columns: list[str], rows: list[list[str]], note: str
 def fitted_width(columns: list[str], rows: list[list[str]], terminal: int) -> int:
     """The terminal's width, or the table's own when wider: then the terminal wraps the
     lines, and nothing is cut or ellipsised."""
-    return max(terminal, sum(max([len(col), *(len(r[i]) for r in rows)]) + 2 for i, col in enumerate(columns)) + 2)
+    return max(terminal, sum(w + 2 for w in column_widths(columns, rows)) + 2)
+
+
+def column_widths(columns: list[str], rows: list[list[str]]) -> list[int]:
+    """Each column's widest cell, its header included."""
+    return [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
 
 
 def _numeric(cell: str) -> bool:
