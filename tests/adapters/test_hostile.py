@@ -361,3 +361,27 @@ def test_a_peek_answer_stops_at_about_four_mebibytes(server):
         assert len(got) == 4  # the fourth reaches 4 MiB: the answer stops there
         assert [m["bookmark"] for m in got] == sorted(m["bookmark"] for m in got)
         assert len(c.peek("big.peek", limit=3)) == 3
+
+
+def test_a_huge_hello_name_is_cut_before_the_journal_names_a_consumer_by_it(server):
+    """Events carry the name a consumer gave at HELLO: 100,000 characters become 200."""
+    from zq.wire.records import decode_events
+
+    sock = raw_dealer(server.endpoint)
+    try:
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "n" * 100_000)))
+        assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+        with zq.connect(server.endpoint) as c:
+            c.publish("named", "x")
+        sock.send(wire.encode(wire.Subscribe(1, "s", "named", 1)))
+        while type(wire.server_decoder.decode(sock.recv())) is not wire.DeliverRecords:
+            pass  # the Subscribed answer, then the delivery
+        with zq.connect(server.endpoint) as c:
+            def leased_names() -> set[str]:
+                r = c.read_range("events", 0)
+                return {e.consumer_name for e in decode_events(r.blob) if e.kind == "leased"}
+            wait_until(lambda: leased_names(), what="the lease event")
+            assert leased_names() == {"n" * 200}
+            assert c.stats()["queues"]["named"]["leased"] == 1  # and the server goes on
+    finally:
+        sock.close(0)
