@@ -119,7 +119,7 @@ def run(scenario: str, quick: bool) -> list[dict]:
         return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
             e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
             e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
-            e2e.embedded_latency(secs)] + redis_latency(secs)
+            e2e.embedded_latency(secs), e2e.embedded_latency(secs, clients="direct")] + redis_latency(secs)
     if scenario == "floors":
         from bench import floors
 

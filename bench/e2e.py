@@ -178,9 +178,12 @@ def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "b
     """An embedded dispatcher, one in-process worker over inproc://, a paced publisher
     on the main thread; the host process otherwise idle. ``clients``: the single-threaded
     ``zq.Publisher`` and ``zq.Worker`` (three threads in all: publisher, dispatcher,
-    worker), or ``zq.Client`` for both (each adds an I/O thread: five in all)."""
-    if clients == "publisher+worker":
-        return embedded_latency_direct(seconds, rate=rate, durability=durability, backlog=backlog)
+    worker), or ``zq.Client`` for both (each adds an I/O thread: five in all); or
+    ``direct``: ``zq.Publisher(d)`` and ``zq.Worker(d, ...)`` on the in-process path (the
+    publishing thread steps the dispatcher; one hand-off, to the worker's thread)."""
+    if clients in ("publisher+worker", "direct"):
+        return embedded_latency_direct(seconds, rate=rate, durability=durability, backlog=backlog,
+                                       direct=clients == "direct")
     import threading
 
     import zq
@@ -228,9 +231,10 @@ def embedded_latency(seconds: float, *, rate: float = 2000, durability: str = "b
     }
 
 
-def embedded_latency_direct(seconds: float, *, rate: float, durability: str, backlog: int) -> dict:
+def embedded_latency_direct(seconds: float, *, rate: float, durability: str, backlog: int, direct: bool) -> dict:
     """The embedded shape of examples/embedded_dispatcher.py: zq.Publisher on the main
-    thread, zq.Worker on one thread, no client I/O threads."""
+    thread, zq.Worker on one thread, no client I/O threads; over inproc://, or
+    ``direct``: given the dispatcher itself (no sockets; zq.server.local)."""
     import shutil
     import threading
 
@@ -240,13 +244,14 @@ def embedded_latency_direct(seconds: float, *, rate: float, durability: str, bac
     n = int(seconds * rate)
     tmp = tempfile.mkdtemp(prefix="zq-bench-embedded-")
     d = zq.Dispatcher(Config(data=f"{tmp}/journal", bind=[], durability=durability)).start()
+    target = d if direct else d.inproc
     deliver_us: list[float] = []
     confirm_us: list[float] = []
     ready, done = threading.Event(), threading.Event()
     payload = b"x" * 128
 
     def work() -> None:
-        with zq.Worker(d.inproc, QUEUE, max_backlog=backlog, name="bench-embedded-worker") as w:
+        with zq.Worker(target, QUEUE, max_backlog=backlog, name="bench-embedded-worker") as w:
             ready.set()
             seen = 0
             while seen < n:
@@ -260,7 +265,7 @@ def embedded_latency_direct(seconds: float, *, rate: float, durability: str, bac
         done.set()
 
     try:
-        with zq.Publisher(d.inproc, name="bench-embedded-publisher") as pub:
+        with zq.Publisher(target, name="bench-embedded-publisher") as pub:
             pub.publish(QUEUE, b"warm-up")  # creates the queue
             with zq.connect(d.inproc) as c:
                 c.purge(QUEUE)
@@ -280,7 +285,9 @@ def embedded_latency_direct(seconds: float, *, rate: float, durability: str, bac
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability,
-        "transport": "inproc (embedded)", "clients": "zq.Publisher + zq.Worker (no I/O threads)", "messages": n,
+        "transport": "direct (embedded, no sockets)" if direct else "inproc (embedded)",
+        "clients": "zq.Publisher(d) + zq.Worker(d, ...) (one hand-off)" if direct
+        else "zq.Publisher + zq.Worker (no I/O threads)", "messages": n,
         "publish_to_worker_us": percentiles(deliver_us), "publish_to_confirm_us": percentiles(confirm_us),
     }
 

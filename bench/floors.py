@@ -11,6 +11,12 @@ zq cannot either.
   publish -> confirm, as zq's latency rows.
 * ``tcp-echo``: a DEALER's round trip to a ROUTER echo in another process, over tcp.
 * ``inproc-echo``: the same between two threads of one process over inproc://.
+* ``thread-handoff``: one Python thread handing a timestamp to another through a
+  ``queue.SimpleQueue``: the floor of any embedded path that crosses one thread (the
+  direct path's publish -> worker crosses exactly one).
+* ``direct-step``: ``zq.Publisher(d).publish`` on an embedded dispatcher, no worker:
+  what the dispatcher's step costs the publishing thread (decode, engine, journal
+  commit, confirmation), paced.
 * ``zq-raw-clients``: a real ``zq serve`` with the relay case's raw sockets speaking
   ZQP/1 in place of ``zq.Client`` and ``zq.Worker`` (one message a PUBLISH frame, its
   CONFIRM awaited; each DELIVER acked at once): the server's share of zq's latency.
@@ -290,8 +296,52 @@ def echo_in_thread(ctx, endpoint: str, ready: threading.Event) -> None:  # type:
     sock.close()
 
 
+def thread_handoff(seconds: float, rate: float) -> dict:
+    import queue
+
+    n = int(seconds * rate)
+    box: queue.SimpleQueue[int] = queue.SimpleQueue()
+    waits: list[float] = []
+
+    def take() -> None:
+        for _ in range(n):
+            sent = box.get()
+            waits.append((time.time_ns() - sent) / 1000)
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    for _ in publish_times(n, rate):
+        box.put(time.time_ns())
+    taker.join(30)
+    return {"case": "one Python thread hands a timestamp to another (queue.SimpleQueue)", "rate": rate,
+            "seconds": seconds, "messages": n, "handoff_us": percentiles(waits)}
+
+
+def direct_step(seconds: float, rate: float) -> dict:
+    import shutil
+    import tempfile
+
+    import zq
+
+    n = int(seconds * rate)
+    tmp = tempfile.mkdtemp(prefix="zq-bench-direct-")
+    took: list[float] = []
+    try:
+        with zq.Dispatcher(zq.Config(data=f"{tmp}/journal", bind=[])) as d, zq.Publisher(d) as p:
+            p.publish("floors", b"warm-up")
+            for _ in publish_times(n, rate):
+                started = time.time_ns()
+                p.publish("floors", stamped())
+                took.append((time.time_ns() - started) / 1000)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"case": "zq.Publisher(d).publish on an embedded dispatcher (batch), no worker: the step", "rate": rate,
+            "seconds": seconds, "messages": n, "publish_us": percentiles(took)}
+
+
 def floors(seconds: float, rate: float = 2000) -> list[dict]:
-    return [relay(seconds, rate), zq_raw_clients(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc")]
+    return [relay(seconds, rate), zq_raw_clients(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc"),
+            thread_handoff(seconds, rate), direct_step(seconds, rate)]
 
 
 if __name__ == "__main__":

@@ -44,18 +44,23 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
     return out
 
 
+LATENCY_KEYS = {"publish_to_worker_us": "publish → worker", "round_trip_us": "round trip",
+                "handoff_us": "hand-off", "publish_us": "publish call"}
+
+
 def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / len(rows)
     for i, row in enumerate(rows):
-        ps = row.get("publish_to_worker_us") or row["round_trip_us"]  # floors' echo rows: a round trip
+        key = next(k for k in LATENCY_KEYS if k in row)  # floors' rows: a round trip, a hand-off, a step
+        ps = row[key]
         xs = [j + i * width for j in range(len(ps))]
         name = row.get("case") or ", ".join(str(x) for x in (
             row.get("system", "zq"), row["transport"], row.get("clients") or row.get("publisher"),
             f"durability {row.get('durability', '?')}") if x)
-        what = "round trip" if "round_trip_us" in row else "publish → worker"
+        what = LATENCY_KEYS[key]
         ax.bar(xs, [number(v) or 0 for v in ps.values()], width, label=f"{name[:90]} ({what})")
     ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(3)], ["p50", "p99", "p99.9"])
     ax.set_ylabel("µs")

@@ -3,10 +3,11 @@
     python examples/embedded_dispatcher.py [--ticks 1000]
 
 No `zq serve`: a `zq.Dispatcher` runs on a background thread of this process, with a
-journal in a temporary directory. The producer publishes price ticks over inproc (no
-network hop); pricing workers run as threads here (they could be other processes,
-connected to `d.endpoint` over tcp). Each tick is priced once; ticks of one
-instrument are priced in order (a message group per instrument).
+journal in a temporary directory. The producer publishes price ticks on the direct
+path (`zq.Publisher(d)`: its thread steps the dispatcher itself, no socket); pricing
+workers run as threads here, also direct (`zq.Worker(d, ...)`), and one more in
+another process could connect to `d.endpoint` over tcp. Each tick is priced once;
+ticks of one instrument are priced in order (a message group per instrument).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import threading
 import zq
 
 
-def pricer(endpoint: str, priced: list[tuple[str, int]], lock: threading.Lock, stop: threading.Event) -> None:
-    with zq.Worker(endpoint, "ticks", max_backlog=32, name="pricer") as w:
+def pricer(target: object, priced: list[tuple[str, int]], lock: threading.Lock, stop: threading.Event) -> None:
+    with zq.Worker(target, "ticks", max_backlog=32, name="pricer") as w:
         while not stop.is_set():
             msg = w.get(timeout=0.1)
             if msg is None:
@@ -38,19 +39,19 @@ def main() -> int:
     args = parser.parse_args()
     symbols = ["AAPL", "MSFT", "NVDA", "TSLA"]
     with tempfile.TemporaryDirectory() as data:
-        # bind: tcp for workers in other processes; the Dispatcher adds inproc itself.
+        # bind: tcp for workers in other processes; threads here take the direct path.
         config = zq.Config(data=data, bind=["tcp://127.0.0.1:0"], durability="batch")
         with zq.Dispatcher(config) as d:
             priced: list[tuple[str, int]] = []
             lock, stop = threading.Lock(), threading.Event()
-            pricers = [threading.Thread(target=pricer, args=(d.inproc, priced, lock, stop)) for _ in range(2)]
+            pricers = [threading.Thread(target=pricer, args=(d, priced, lock, stop)) for _ in range(2)]
             for t in pricers:
                 t.start()
-            with zq.Publisher(d.inproc) as pub:  # single-threaded: the lowest publish latency
+            with zq.Publisher(d) as pub:  # direct: this thread journals and hands over; no hop
                 for n in range(args.ticks):
                     sym = symbols[n % len(symbols)]
                     pub.publish("ticks", json.dumps({"sym": sym, "n": n}), group=sym)  # returns once journaled
-            with zq.connect(d.inproc) as c:
+            with zq.connect(d.inproc) as c:  # a zq.Client reaches it over inproc
                 while c.stats()["queues"]["ticks"]["acked"] < args.ticks:
                     threading.Event().wait(0.05)
             stop.set()

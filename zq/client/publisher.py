@@ -23,20 +23,21 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import zmq
 
 from zq import wire
 from zq.client.session import (
     ConnectionLost,
-    check_endpoint,
+    check_target,
     error_from,
-    open_session_socket,
+    open_session,
     publish_chunks,
     wire_item,
 )
 from zq.core import limits
-from zq.core.errors import LimitError
+from zq.core.errors import LimitError, ZqError
 from zq.core.settings import check_topic
 from zq.keys import client_curve
 
@@ -48,12 +49,15 @@ class Publisher:
 
     >>> with zq.Publisher("tcp://127.0.0.1:7780") as p:  # doctest: +SKIP
     ...     bookmark = p.publish("jobs", b"payload")
+
+    ``endpoint`` may be an embedded ``zq.Dispatcher`` itself: then each call steps the
+    dispatcher in the calling thread (no socket, no hand-off; zq.server.local).
     """
 
-    def __init__(self, endpoint: str, *, name: str | None = None, context: zmq.Context | None = None,
+    def __init__(self, endpoint: Any, *, name: str | None = None, context: zmq.Context | None = None,
                  connect_timeout: float = 10.0, window: int = 16, key: object = None,
                  server_key: object = None) -> None:
-        check_endpoint(endpoint)
+        check_target(endpoint)
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
@@ -65,8 +69,8 @@ class Publisher:
         self.closed = False
         self.generation = 0  # sessions opened so far
         self._reqs = itertools.count(1)
-        self._sock: zmq.Socket | None = None
-        self._poller = zmq.Poller()
+        self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
+        self._poller: Any = None
         self._open_session(connect_timeout)
 
     # ---------------------------------------------------------------- API
@@ -91,7 +95,7 @@ class Publisher:
         if sock is not None:
             try:
                 sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
-            except zmq.ZMQError:
+            except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
                 pass
             sock.close(linger=500)
 
@@ -168,10 +172,9 @@ class Publisher:
 
     def _open_session(self, timeout: float) -> None:
         if self._sock is not None:
-            self._poller.unregister(self._sock)
             self._sock.close(0)
-        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
-        self._poller.register(sock, zmq.POLLIN)
+        sock, self._poller = open_session(self.endpoint, self.ctx, self.name, self._curve)
+        self._sock = sock
         self.generation += 1
         self._last_sent = time.monotonic()
         deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import zmq
 
 from zq import wire
 from zq.core import limits
-from zq.core.errors import ZqError
+from zq.core.errors import ConnectionLost, ZqError  # noqa: F401 -- ConnectionLost: clients import it from here
 from zq.keys import apply_client_curve
 
 # Plain ints: ``getsockopt(zmq.EVENTS) & zmq.POLLIN`` builds an enum member per call.
@@ -39,11 +39,6 @@ def _error_types() -> dict[str, type[ZqError]]:
 def error_from(code: str, message: str) -> ZqError:
     return _error_types().get(code, ZqError)(message)
 
-
-
-
-class ConnectionLost(ZqError):
-    code = "connection"
 
 
 def publish_chunks(items: list) -> Iterator[list]:
@@ -71,6 +66,29 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
     sock.connect(endpoint)
     sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
     return sock
+
+
+def open_session(target: object, ctx: zmq.Context, name: str,
+                 curve: tuple[bytes, bytes, bytes] | None = None) -> tuple:
+    """``(socket, poller)`` of a new session with HELLO sent. ``target`` is an endpoint,
+    or an embedded dispatcher (``zq.Dispatcher``): then the session is an in-process
+    link, socket-shaped and its own poller, whose sends step the dispatcher in the
+    calling thread (zq.server.local; found by its ``open_link``, so this room imports
+    nothing of the server's)."""
+    open_link = getattr(target, "open_link", None)
+    if open_link is not None:
+        link = open_link(name)
+        return link, link
+    sock = open_session_socket(ctx, target, name, curve)  # type: ignore[arg-type]
+    poller = zmq.Poller()  # one per session, kept: Socket.poll builds a Poller per call
+    poller.register(sock, zmq.POLLIN)
+    return sock, poller
+
+
+def check_target(target: object) -> None:
+    """An endpoint string, or an embedded dispatcher."""
+    if not hasattr(target, "open_link"):
+        check_endpoint(target)
 
 
 _SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}

@@ -34,6 +34,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 import zmq
@@ -45,11 +46,12 @@ from zq.client.session import (
     NOBLOCK,
     POLLIN,
     ConnectionLost,
-    check_endpoint,
+    check_target,
     error_from,
-    open_session_socket,
+    open_session,
     send_settles,
 )
+from zq.core.errors import ZqError
 from zq.keys import client_curve
 
 log = logging.getLogger("zq.worker")
@@ -60,11 +62,14 @@ class Worker(MessageStream):
     >>> with zq.Worker("tcp://127.0.0.1:7780", "jobs", max_backlog=16) as w:  # doctest: +SKIP
     ...     for msg in w:
     ...         msg.ack()
+
+    ``endpoint`` may be an embedded ``zq.Dispatcher`` itself: then settles step the
+    dispatcher in this thread, and deliveries arrive without a socket (zq.server.local).
     """
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: Any,
         queue: str,
         *,
         max_backlog: int = 16,
@@ -76,7 +81,7 @@ class Worker(MessageStream):
         key: object = None,
         server_key: object = None,
     ) -> None:
-        check_endpoint(endpoint)
+        check_target(endpoint)
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self.queue = queue
@@ -97,7 +102,8 @@ class Worker(MessageStream):
         self._subscribe_req = 0
         self._local: collections.deque[Message] = collections.deque()
         self._settles: list[tuple[str, int]] = []  # (op, bookmark) of this session
-        self._sock: zmq.Socket | None = None
+        self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
+        self._poller: Any = None
         self._last_heard = self._last_sent = 0.0
         self._open_session()
         deadline = time.monotonic() + connect_timeout
@@ -163,7 +169,7 @@ class Worker(MessageStream):
         try:
             self._send_settles(sock)
             sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
-        except zmq.ZMQError:
+        except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
             pass
         sock.close(linger=2000)
 
@@ -195,9 +201,8 @@ class Worker(MessageStream):
     def _open_session(self) -> None:
         if self._sock is not None:
             self._sock.close(0)
-        sock = self._sock = open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
-        self._poller = zmq.Poller()  # one per session, kept: Socket.poll builds a Poller per call
-        self._poller.register(sock, zmq.POLLIN)
+        sock, self._poller = open_session(self.endpoint, self.ctx, self.name, self._curve)
+        self._sock = sock
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
         self._settles.clear()

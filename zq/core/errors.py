@@ -55,3 +55,10 @@ class JournalError(ZqError):
     """The journal cannot do what was asked: disk full, newer format, corruption."""
 
     code = "journal"
+
+
+class ConnectionLost(ZqError):
+    """No dispatcher answered, the session could not be kept, or an embedded
+    dispatcher behind an in-process session stopped."""
+
+    code = "connection"

@@ -1,5 +1,7 @@
 """zq embedded in a host process (the trading / analytics shape): the server loop on a
-background thread, reachable over inproc from the same process and over tcp from others."""
+background thread, reachable over inproc from the same process and over tcp from others,
+and directly (``zq.Publisher(d)``, ``zq.Worker(d, queue)``: zq.server.local) from the
+threads of the process itself."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import threading
 import msgspec
 import zmq
 
+from zq.core.errors import ZqError
 from zq.server.config import Config
+from zq.server.local import LocalLink
 from zq.server.loop import Server
 
 
@@ -18,6 +22,7 @@ class Dispatcher:
 
     >>> d = Dispatcher(Config(data=tmp, bind=["tcp://127.0.0.1:0"])).start()  # doctest: +SKIP
     >>> c = zq.connect(d.inproc)  # doctest: +SKIP
+    >>> p = zq.Publisher(d)       # the direct path: this thread steps the dispatcher  # doctest: +SKIP
     """
 
     _serial = 0
@@ -43,6 +48,16 @@ class Dispatcher:
     def endpoint(self) -> str:
         """The first non-inproc endpoint (what other processes connect to)."""
         return next((e for e in self.endpoints if not e.startswith("inproc://")), self.inproc)
+
+    def __str__(self) -> str:
+        return f"the embedded dispatcher ({self.inproc})"
+
+    def open_link(self, name: str) -> LocalLink:
+        """An in-process session for ``zq.Publisher(d)`` / ``zq.Worker(d, queue)``: the
+        calling thread steps the dispatcher itself (zq.server.local)."""
+        if self.server is None:
+            raise ZqError("start() the dispatcher before opening a session on it")
+        return self.server.open_link(name)
 
     def start(self) -> "Dispatcher":
         config = msgspec.structs.replace(self.config, bind=[*self.config.bind, self.inproc])

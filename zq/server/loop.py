@@ -34,6 +34,7 @@ from zq.core.errors import JournalError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
+from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.security import Rights, Security
@@ -55,6 +56,7 @@ JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is ca
 # What one loop iteration does, in order: the watchdog keeps the split of the longest.
 LOOP_PHASES = ("receive", "bulk+ranges", "engine", "append", "commit+send", "claims+replay", "heartbeat+retention")
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
+BYE_FRAME = wire.encode(wire.Bye())
 CONFIRM_TAG = wire.encode(wire.Confirm(0, []))[1:9]  # a CONFIRM frame's tag, as encoded: fixstr "confirm"
 
 
@@ -101,6 +103,14 @@ class Server(Commands, Stats):
                     log.warning("serving WITHOUT authentication on %s: anyone who reaches it may publish, consume "
                                 "and administer (add a [security] block to zq.toml)", ep)
         self.peers: dict[bytes, Peer] = {}
+        # The direct path (zq.server.local): in-process sessions step the dispatcher in
+        # their own threads under this lock; the loop thread holds it for each iteration.
+        self.lock = threading.Lock()
+        self.links: dict[bytes, LocalLink] = {}
+        self.link_serial = 0
+        self.stepping_locally = False  # a local step is running: remote frames go to the outbox
+        self.outbox: list[tuple[bytes, bytes]] = []  # frames for remote peers, sent by the loop thread
+        self.wake_at_ms = 0  # when the loop thread's poll returns by itself
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.poller = zmq.Poller()
@@ -180,9 +190,13 @@ class Server(Commands, Stats):
             self.close()
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for link in self.links.values():
+                link.end()
+            self.links.clear()
         if self.metrics is not None:
             self.metrics.shutdown()
         self.sock.close(linger=500)
@@ -211,7 +225,10 @@ class Server(Commands, Stats):
     def iteration(self, poll: bool = True) -> None:
         now = wall_ms()
         if poll:
-            ready = dict(self.poller.poll(self.poll_timeout_ms(now)))
+            with self.lock:
+                timeout = self.poll_timeout_ms(now)
+                self.wake_at_ms = now + timeout
+            ready = dict(self.poller.poll(timeout))
             if self.wake_r in ready:
                 try:
                     os.read(self.wake_r, 4096)
@@ -220,7 +237,8 @@ class Server(Commands, Stats):
             now = wall_ms()
         started = time.perf_counter()
         try:
-            self.serve_once(now)
+            with self.lock:
+                self.serve_once(now)
         finally:
             took_ms = (time.perf_counter() - started) * 1000
             if took_ms > self.loop_max_ms:
@@ -233,6 +251,8 @@ class Server(Commands, Stats):
         """One iteration after the poll: read, step the engine, commit, send."""
         clock = time.perf_counter
         t0 = clock()
+        if self.outbox:
+            self.flush_outbox()
         if self.security is not None:
             self.security.count_refusals()
         self.receive_all(now)
@@ -245,14 +265,7 @@ class Server(Commands, Stats):
         self.engine.advance(now)
         out = self.engine.drain(now)
         t3 = clock()
-        self.journal.append(out.records)
-        # Only fsync mode asks whether a commit must reach the disk before sending.
-        self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
-        self.deferred.append((self.held, out.deliveries))
-        self.held = []
-        for notice in self.engine.notices:
-            log.warning("%s", notice)
-        self.engine.notices.clear()
+        self.stage(out)
         t4 = clock()
         if self.journal_down is None or now >= self.journal_retry_ms:
             self.commit_and_send(now)
@@ -267,6 +280,82 @@ class Server(Commands, Stats):
         if now >= self.next_retention_ms and self.journal_down is None:
             self.retention(now)
         self.marks = (t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def stage(self, out) -> None:  # type: ignore[no-untyped-def]
+        """Append what the engine produced; hold the replies and deliveries for the commit."""
+        self.journal.append(out.records)
+        # Only fsync mode asks whether a commit must reach the disk before sending.
+        self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
+        self.deferred.append((self.held, out.deliveries))
+        self.held = []
+        for notice in self.engine.notices:
+            log.warning("%s", notice)
+        self.engine.notices.clear()
+
+    # ------------------------------------------------------ the direct path
+
+    def open_link(self, name: str) -> LocalLink:
+        """A new in-process session (zq.server.local), with its HELLO handled: the
+        WELCOME is in its inbox when this returns."""
+        with self.lock:
+            if self.closed:
+                raise LinkClosedError("the embedded dispatcher has stopped")
+            self.link_serial += 1
+            # 13 bytes from a zero byte: never a ROUTER identity (libzmq's are 5 bytes
+            # from a zero byte; a client's own may not start with one).
+            link = LocalLink(self, b"\x00zq-local" + self.link_serial.to_bytes(4, "big"))
+            self.links[link.peer_id] = link
+        link.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+        return link
+
+    def close_link(self, link: LocalLink) -> None:
+        """The client closed its link: end the session if it did not say BYE."""
+        with self.lock:
+            if self.links.get(link.peer_id) is not link:
+                return
+            now = wall_ms()
+            if link.peer_id in self.peers:
+                self.step_locally(link.peer_id, BYE_FRAME, now)
+            del self.links[link.peer_id]
+            self.wake_loop_if_due(now)
+
+    def local_step(self, link: LocalLink, frame: bytes) -> None:
+        """One frame from an in-process session, handled in the sender's thread."""
+        with self.lock:
+            if self.closed or self.links.get(link.peer_id) is not link:
+                raise LinkClosedError("the embedded dispatcher has stopped")
+            now = wall_ms()
+            self.step_locally(link.peer_id, frame, now)
+            self.wake_loop_if_due(now)
+
+    def step_locally(self, peer_id: bytes, frame: bytes, now: int) -> None:
+        """``serve_once`` for one frame without the socket: the same handlers, the same
+        commit before anything leaves. Frames for remote peers wait in the outbox."""
+        self.stepping_locally = True
+        try:
+            self.frames_in += 1
+            self.receive(peer_id, frame, now, trusted=True)
+            self.engine.advance(now)
+            self.stage(self.engine.drain(now))
+            if self.journal_down is None or now >= self.journal_retry_ms:
+                self.commit_and_send(now)
+        finally:
+            self.stepping_locally = False
+
+    def wake_loop_if_due(self, now: int) -> None:
+        """Wake the loop thread when a local step left it work: remote frames to send,
+        or a timer earlier than the one its poll is waiting for."""
+        if self.outbox or now + self.poll_timeout_ms(now) < self.wake_at_ms:
+            self.wake_at_ms = now
+            try:
+                os.write(self.wake_w, b"x")
+            except OSError:
+                pass
+
+    def flush_outbox(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        for peer_id, frame in outbox:
+            self.send(peer_id, frame)
 
     def commit_and_send(self, now: int) -> None:
         """Commit what is staged; then, and only then, send what waited on it.
@@ -350,7 +439,9 @@ class Server(Commands, Stats):
                 continue
             self.receive(peer_id, body, now, user)
 
-    def receive(self, peer_id: bytes, body: bytes, now: int, user: str | None = None) -> None:
+    def receive(self, peer_id: bytes, body: bytes, now: int, user: str | None = None, trusted: bool = False) -> None:
+        """Handle one frame. ``trusted``: from an in-process session (the embedding
+        process itself), which has every right."""
         try:
             cmd = wire.client_decoder.decode(body)
         except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
@@ -368,7 +459,7 @@ class Server(Commands, Stats):
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
-            if self.security is not None:
+            if self.security is not None and not trusted:
                 self.entitled(peer, cmd, user)
             HANDLERS[type(cmd)](self, peer_id, peer, cmd, now)
         except ZqError as exc:
@@ -432,6 +523,15 @@ class Server(Commands, Stats):
         self.held.append((peer_id, frame, durable))
 
     def send(self, peer_id: bytes, frame: bytes | zmq.Frame) -> bool:
+        if self.links:
+            link = self.links.get(peer_id)
+            if link is not None:
+                link.push(frame if isinstance(frame, bytes) else frame.bytes)
+                self.frames_out += 1
+                return True
+        if self.stepping_locally:  # only the loop thread touches the socket
+            self.outbox.append((peer_id, frame if isinstance(frame, bytes) else frame.bytes))
+            return True
         try:
             self.sock.send(peer_id, _MORE_NOBLOCK)
             self.sock.send(frame, _NOBLOCK)
