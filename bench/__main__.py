@@ -74,11 +74,15 @@ def run(scenario: str, quick: bool) -> list[dict]:
         return [engine.memory(n) for n in sizes] + [engine.memory(n, grouped=True) for n in sizes]
     if scenario == "engine-throughput":
         n = 20_000 if quick else 1_000_000
-        return [
-            engine.throughput(n, backlog=16, batch=64),
-            engine.throughput(n, backlog=256, batch=64),
-            engine.throughput(n, backlog=16, batch=64, groups=1000),
-        ]
+        rows = []
+        for _ in range(1 if quick else 3):  # fenced and unfenced interleaved: the fence's cost in one invocation
+            for fenced in (False, True):
+                rows += [
+                    engine.throughput(n, backlog=16, batch=64, fenced=fenced),
+                    engine.throughput(n, backlog=256, batch=64, fenced=fenced),
+                    engine.throughput(n, backlog=16, batch=64, groups=1000, fenced=fenced),
+                ]
+        return rows
     if scenario == "kinds":
         return engine.kinds(20_000, 20_000) if quick else engine.kinds(1_000_000, 500_000)
     if scenario == "spark":

@@ -38,8 +38,10 @@ def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, s
 
 
 def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0, levels: int = 0,
-               scenario: str = "engine-throughput") -> dict:
-    """publish -> deliver -> ack through the engine alone, batched as the server batches."""
+               scenario: str = "engine-throughput", fenced: bool = False) -> dict:
+    """publish -> deliver -> ack through the engine alone, batched as the server batches.
+    ``fenced``: acks name each delivery's epoch and go through ``Engine.settle``, as the
+    server's do since fenced leases; else the unfenced ``Engine.ack``."""
     settings = QueueSettings(name="jobs", max_per_subscription_backlog=max(backlog, 1), group_header="group" if groups else None,
                              priority="prio" if levels else None)
     engine = Engine([settings])
@@ -48,6 +50,7 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
     payload = b"x" * 128
     headers = [{"group": f"g{i}"} for i in range(groups)] if groups else level_headers(levels)
     held: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
+    epochs: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
     published = acked = 0
     now = 0
     t0 = time.perf_counter()
@@ -59,12 +62,18 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
             published += k
         for sub, seqs in held.items():
             if seqs:
-                engine.ack(sub, seqs, now)
+                if fenced:
+                    engine.settle("ack", sub, seqs, epochs[sub], now)
+                    epochs[sub] = []
+                else:
+                    engine.ack(sub, seqs, now)
                 acked += len(seqs)
                 held[sub] = []
         out = engine.drain(now)
         for d in out.deliveries:
             held[d.sub_id].extend(d.seqs)
+            if fenced:
+                epochs[d.sub_id].extend(d.deliveries)
     elapsed = time.perf_counter() - t0
     return {
         "scenario": scenario,
@@ -74,6 +83,7 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
         "backlog": backlog,
         "publish_batch": batch,
         "groups": groups,
+        "settles": "fenced (Engine.settle, epochs)" if fenced else "unfenced (Engine.ack)",
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(n / elapsed),
     }

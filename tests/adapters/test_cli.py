@@ -74,6 +74,22 @@ def test_exec_acks_on_exit_zero_and_cancels_otherwise(server, tmp_path):
     assert (st["acked"], st["cancelled"], st["depth"]) == (4, 1, 0)
 
 
+def test_exec_says_when_a_command_outlived_its_lease(server, tmp_path):
+    """The command's work succeeded, but the lease had ended and the message went out
+    again: the ack is fenced off (not applied to the new delivery) and the operator is
+    told the work runs again."""
+    ep = ("--endpoint", server.endpoint)
+    assert zq("queue", "create", "slow", "--lease", "2s", *ep).returncode == 0
+    assert zq("publish", "slow", "job", *ep).returncode == 0
+    script = 'if [ "$ZQ_DELIVERIES" = 1 ]; then sleep 2.5; fi; cat > /dev/null'  # the first try outlives its lease
+    run = zq("consume", "slow", *ep, "--exec", script, "--count", "2")
+    assert run.returncode == 0, run.stderr
+    assert "after its lease had ended" in run.stderr and "delivery 1" in run.stderr, run.stderr
+    with Client(server.endpoint) as c:
+        st = c.stats()["queues"]["slow"]
+    assert (st["acked"], st["lost"], st["depth"], st["leased"]) == (1, 1, 0, 0)
+
+
 def test_stats_and_peek_show_the_queue(server):
     with Client(server.endpoint) as c:
         c.publish_many("shown", ["x", "y"])

@@ -342,9 +342,9 @@ def test_a_client_can_settle_only_what_was_leased_to_its_own_subscriptions(serve
         assert type(peer.request(lambda req: wire.Subscribe(req, owner.sub_id, "owned", 1))) is wire.Subscribed
         for op in (wire.Ack, wire.Cancel, wire.Expire):
             refused = peer.ask(op(owner.sub_id, [m.bookmark]))
-            assert type(refused) is wire.Refused and refused.reason == "not-leased", refused
+            assert type(refused) is wire.Refused and refused.reason == "lost", refused  # not its delivery
         refused = peer.ask(wire.Extend(owner.sub_id, [m.bookmark], 1000))
-        assert type(refused) is wire.Refused and refused.reason == "not-leased"
+        assert type(refused) is wire.Refused and refused.reason == "lost"
         refused = peer.ask(wire.Ack("never-opened", [m.bookmark]))
         assert type(refused) is wire.Refused and refused.reason == "unknown-subscription"
         st = server_stats(server)["queues"]["owned"]

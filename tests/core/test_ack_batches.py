@@ -12,12 +12,17 @@ from zq.core import records as R
 from .helpers import Harness
 
 
-def one_by_one(queue, sub, seqs, now_ms):  # type: ignore[no-untyped-def]
-    """The reference: every seq through ``Queue.ack``, the general path."""
+def one_by_one(queue, sub, seqs, now_ms, epochs=None, stale=None):  # type: ignore[no-untyped-def]
+    """The reference: every seq through ``Queue.ack``, the general path (fenced first,
+    as ``ack_many``'s general path does)."""
+    if epochs:
+        seqs, fenced_off = queue.fence(sub, seqs, epochs)
+        if stale is not None:
+            stale.extend(fenced_off)
     return [seq for seq in seqs if queue.ack(sub, seq, now_ms) is not None]
 
 
-def run(seed: int, batched: bool, **settings) -> tuple:
+def run(seed: int, batched: bool, fenced: bool = False, **settings) -> tuple:
     """The same random workload; acks sent as whole batches (the inline path), or one
     message per call through the general path."""
     rng = random.Random(seed)
@@ -41,7 +46,16 @@ def run(seed: int, batched: bool, **settings) -> tuple:
             batch = take + junk
             rng.shuffle(batch)
             held[s] = [x for x in held[s] if x not in take]
-            if batched:
+            if fenced:  # each delivery's epoch, a fifth of them stale (a late worker's)
+                q = h.engine.queues["jobs"]
+                epochs = [q.deliveries_of(seq) + (rng.random() < 0.2) for seq in batch]
+                parts = [(batch, epochs)] if batched else [([b], [e]) for b, e in zip(batch, epochs)]
+                for seqs, eps in parts:
+                    for result, seqs_not_applied in h.engine.settle("ack", s, seqs, eps, h.now).items():
+                        refused += [(result, seq) for seq in seqs_not_applied]
+                        if result == "lost":  # not acked: still ours, to ack later
+                            held[s] += [seq for seq in seqs_not_applied if seq in take]
+            elif batched:
                 refused += h.engine.ack(s, batch, h.now)
             else:
                 for seq in batch:
@@ -61,8 +75,9 @@ KINDS = [{}, {"group_policy": "exclusive"}, {"group_header": None}, {"max_bytes"
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize("settings", KINDS, ids=["default", "exclusive", "no-groups", "sized"])
 @pytest.mark.parametrize("seed", range(6))
-def test_batched_acks_leave_what_single_acks_leave(seed, settings):
-    batched, single = run(seed, True, **settings), run(seed, False, **settings)
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+def test_batched_acks_leave_what_single_acks_leave(seed, settings, fenced):
+    batched, single = run(seed, True, fenced, **settings), run(seed, False, fenced, **settings)
     assert batched == single
     refused, acks = batched[0], batched[1]
     assert acks and refused  # the workload did ack, and did try foreign bookmarks

@@ -30,11 +30,18 @@ def test_crashes_and_worker_deaths_are_actually_injected():
     assert any(s.options.p_worker_death > 0 for s in sims)
 
 
+def test_stale_settles_are_sent_and_refused():
+    """Slow workers settle after their leases ended and the message came back (to them
+    or to someone else): the fence's case happens, and the run's checks held."""
+    sims = [Simulator(seed, 800).run() for seed in range(1, 9)]
+    assert sum(s.stale_settles for s in sims) > 0
+
+
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
-     "ordered-queue-ignores-rank"],
+     "ordered-queue-ignores-rank", "fence-ignores-epochs"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -43,6 +50,8 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     elif bug == "ordered-queue-ignores-rank":
         original_enqueue = Queue.enqueue_ranked
         monkeypatch.setattr(Queue, "enqueue_ranked", lambda self, seq, gid, key: original_enqueue(self, seq, gid, seq))
+    elif bug == "fence-ignores-epochs":
+        monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":
         original = Queue.ack
 

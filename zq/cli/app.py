@@ -231,7 +231,11 @@ def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: fl
                        ZQ_DELIVERIES=str(msg.deliveries), ZQ_GROUP=msg.group or "")
             rc = subprocess.run(command, shell=True, input=msg.data, env=env).returncode
             if rc == 0:
-                msg.ack()
+                verdict = msg.ack(wait=True)  # a command is slow next to a round trip: ask
+                if verdict == "lost":
+                    typer.echo(f"zq consume: the command succeeded for bookmark {msg.bookmark} (delivery "
+                               f"{msg.deliveries}) after its lease had ended: the message was delivered again "
+                               "and its work will run again (a longer lease on the queue avoids this)", err=True)
                 return
             msg.cancel()
             typer.echo(f"zq consume: the command exited {rc} for bookmark {msg.bookmark} (delivery "

@@ -94,6 +94,15 @@ class AsyncSubscription:
     def ack_many(self, messages: list[Message]) -> None:
         self.sub.ack_many(messages)
 
+    async def settle(self, op: str, messages: list[Message]) -> dict[int, str]:
+        """Settle now (``ack``, ``cancel`` or ``expire``) and await the dispatcher's
+        verdicts: bookmark -> ``ok`` / ``lost`` / ``done`` / ``unknown`` (fenced leases;
+        ``msg.ack(wait=True)`` would block the event loop)."""
+        if op not in ("ack", "cancel", "expire"):
+            raise ValueError(f"settle op is ack, cancel or expire, not {op!r}")
+        live = [m for m in messages if m.deliveries]
+        return await asyncio.get_running_loop().run_in_executor(None, self.sub._settle_wait, op, live)
+
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.sub.close)
 

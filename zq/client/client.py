@@ -562,6 +562,8 @@ class Client:
             sub = self._subs.get(msg.sub)
             if sub is not None:
                 sub.refused += len(msg.bookmarks)
+                if msg.reason == "lost":
+                    sub.lost += len(msg.bookmarks)
             log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
         elif t is wire.Error:
             if msg.code in wire.SESSION_ENDING:
@@ -663,14 +665,14 @@ class Client:
         return True
 
     def _send_settles(self, sock: zmq.Socket, sub: Subscription, before: int | None = None) -> bool:
-        current: list[tuple[str, int]] = []
+        current: list[tuple[str, int, int]] = []
         sub.settle_since = 0.0
         settle = sub.settle
         while settle and (before is None or settle[0][3] < before):
-            op, bookmark, generation, _ = settle.popleft()
+            op, bookmark, generation, _, epoch = settle.popleft()
             sub.settles_taken += 1
             if generation == self.generation:
-                current.append((op, bookmark))
+                current.append((op, bookmark, epoch))
         return send_settles(sock, sub.sub_id, current)
 
     def _resolve(self, req: int, value: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from zq import wire
-from zq.client.session import bookmark_arg, duration_arg
+from zq.client.session import SETTLE_COMMANDS, bookmark_arg, duration_arg, results_by_bookmark
 from zq.core import records as R
 from zq.core.errors import ZqError
 
@@ -151,19 +151,26 @@ class Message:
         header = getattr(self._sub, "group_header", "group")
         return self.headers.get(header) if header else None
 
-    def ack(self) -> Queued:
-        if self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
-            self._sub._settle("ack", self)
-        return QUEUED
+    def ack(self, *, wait: bool = False) -> Any:
+        """Acknowledge. The settle is queued for the wire and this returns at once; with
+        ``wait=True`` it waits for the dispatcher's verdict and returns it: ``"ok"``,
+        ``"lost"`` (this delivery's lease had ended and the message went, or will go,
+        to someone again: the work was not recorded), ``"done"`` (already settled) or
+        ``"unknown"``. Every settle is fenced by this delivery's count either way."""
+        return self._settle("ack", wait)
 
-    def cancel(self) -> Queued:
-        if self.deliveries:
-            self._sub._settle("cancel", self)
-        return QUEUED
+    def cancel(self, *, wait: bool = False) -> Any:
+        return self._settle("cancel", wait)
 
-    def expire(self) -> Queued:
-        if self.deliveries:
-            self._sub._settle("expire", self)
+    def expire(self, *, wait: bool = False) -> Any:
+        return self._settle("expire", wait)
+
+    def _settle(self, op: str, wait: bool) -> Any:
+        if not self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
+            return "ok" if wait else QUEUED
+        if wait:
+            return self._sub._settle_wait(op, [self])[self.bookmark]
+        self._sub._settle(op, self)
         return QUEUED
 
     def extend(self, seconds: float) -> Queued:
@@ -205,9 +212,10 @@ class Subscription(MessageStream):
         self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
         self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
         self.local: collections.deque[Message] = collections.deque()
-        # op, bookmark, generation, place in the client's order of calls (``Client._order``)
-        self.settle: collections.deque[tuple[str, int, int, int]] = collections.deque()
-        self.refused = 0
+        # op, bookmark, generation, place in the client's order of calls (``Client._order``), epoch
+        self.settle: collections.deque[tuple[str, int, int, int, int]] = collections.deque()
+        self.refused = 0  # settles the dispatcher did not apply (any result but ok)
+        self.lost = 0  # of them: deliveries whose lease had ended (the work went to someone again)
         self.closed = False
         self.ended = False  # a replay reached its END
         self.sink: Callable[[list[Message]], None] | None = None
@@ -268,25 +276,44 @@ class Subscription(MessageStream):
                 break
         return out
 
-    def ack_many(self, messages: Iterable[Message]) -> None:
-        """Acknowledge several messages with one wake-up of the I/O thread."""
-        self._settle_many("ack", messages)
+    def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+        """Acknowledge several messages with one wake-up of the I/O thread; with
+        ``wait=True``, wait for the verdicts: bookmark -> ``ok`` / ``lost`` / ``done``
+        / ``unknown`` (see ``Message.ack``)."""
+        return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message]) -> None:
-        self._settle_many("cancel", messages)
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+        return self._settle_many("cancel", messages, wait)
 
-    def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
+    def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
+        if wait:
+            return self._settle_wait(op, [m for m in messages if m.deliveries])
         settle, order = self.settle, self.client._order
-        settle.extend((op, m.bookmark, m._generation, next(order)) for m in messages if m.deliveries)
+        settle.extend((op, m.bookmark, m._generation, next(order), m.deliveries) for m in messages if m.deliveries)
         if settle:
             self.client._wake()
+        return None
+
+    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0) -> dict[int, str]:
+        """Settle now and wait for the dispatcher's verdict on each message. A message
+        of an earlier session is ``lost`` without asking: its lease ended with it."""
+        gen = self.client.generation
+        results = {m.bookmark: "lost" for m in messages if m._generation != gen}
+        live = [m for m in messages if m._generation == gen]
+        if live:
+            bookmarks = [m.bookmark for m in live]
+            command = SETTLE_COMMANDS[op]
+            answer = self.client._request(lambda req: command(self.sub_id, bookmarks, [m.deliveries for m in live], req),
+                                          timeout=timeout)
+            results.update(results_by_bookmark(answer, bookmarks))
+        return results
 
     def _settle(self, op: str, msg: Message) -> None:
         """Queue a settle; wake the I/O thread only when it may have to act: on the first
         unsent settle (it then polls every ACK_DELAY), when the user has taken everything
         received so far, or at half the backlog (``Client._settle_due`` decides)."""
         first = not self.settle
-        self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order)))
+        self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order), msg.deliveries))
         if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
             self.client._wake()
 
@@ -312,7 +339,7 @@ class Subscription(MessageStream):
         self.client._submit(wire.Ack(self.sub_id, [bookmark_arg(b) for b in bookmarks]))
 
     def _extend(self, msg: Message, ms: int) -> None:
-        self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms))
+        self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms, [msg.deliveries]))
 
     def close(self) -> None:
         if self.closed:
@@ -350,7 +377,7 @@ class Replay(Subscription):
         if msg is not None:
             self.last = msg.bookmark
             # window credit, not an ack of the message
-            self.settle.append(("ack", msg.bookmark, msg._generation, next(self.client._order)))
+            self.settle.append(("ack", msg.bookmark, msg._generation, next(self.client._order), 0))
             self.client._wake()
         return msg
 

@@ -91,17 +91,32 @@ def check_target(target: object) -> None:
         check_endpoint(target)
 
 
-_SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
+SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
 
 
-def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int]]) -> bool:
-    """``(op, bookmark)`` settles of one subscription as one frame per op; False if none."""
-    by_op: dict[str, list[int]] = {}
-    for op, bookmark in settles:
-        by_op.setdefault(op, []).append(bookmark)
-    for op, bookmarks in by_op.items():
-        sock.send(wire.encode(_SETTLE_COMMANDS[op](sub_id, bookmarks)))
+def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int, int]]) -> bool:
+    """``(op, bookmark, epoch)`` settles of one subscription as one frame per op, fenced
+    by each delivery's epoch (its delivery count); False if none."""
+    by_op: dict[str, tuple[list[int], list[int]]] = {}
+    for op, bookmark, epoch in settles:
+        bookmarks, epochs = by_op.setdefault(op, ([], []))
+        bookmarks.append(bookmark)
+        epochs.append(epoch)
+    for op, (bookmarks, epochs) in by_op.items():
+        sock.send(wire.encode(SETTLE_COMMANDS[op](sub_id, bookmarks, epochs)))
     return bool(by_op)
+
+
+SETTLE_RESULTS = ("ok", "lost", "done", "unknown")
+
+
+def results_by_bookmark(answer: dict, bookmarks: list[int]) -> dict[int, str]:
+    """A settle's REPLY (result -> bookmarks) as bookmark -> result."""
+    out: dict[int, str] = {}
+    for result, seqs in answer.items():
+        for seq in seqs:
+            out[seq] = "unknown" if result == "unknown-subscription" else result
+    return {b: out.get(b, "unknown") for b in bookmarks}
 
 
 def drain_frames(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:

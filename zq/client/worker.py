@@ -45,10 +45,12 @@ from zq.client.session import (
     EVENTS,
     NOBLOCK,
     POLLIN,
+    SETTLE_COMMANDS,
     ConnectionLost,
     check_target,
     error_from,
     open_session,
+    results_by_bookmark,
     send_settles,
 )
 from zq.core.errors import ZqError
@@ -94,14 +96,16 @@ class Worker(MessageStream):
         self.sub_id = "w1"
         self.backlog = 0  # granted by the dispatcher
         self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
-        self.refused = 0
+        self.refused = 0  # settles the dispatcher did not apply (any result but ok)
+        self.lost = 0  # of them: deliveries whose lease had ended (the work went to someone again)
+        self._replies: dict[int, object] = {}  # answers to settles that wait (req -> REPLY data)
         self.generation = 0
         self.closed = False
         self.heartbeat_ms = 1000  # until WELCOME says
         self._reqs = itertools.count(1)
         self._subscribe_req = 0
         self._local: collections.deque[Message] = collections.deque()
-        self._settles: list[tuple[str, int]] = []  # (op, bookmark) of this session
+        self._settles: list[tuple[str, int, int]] = []  # (op, bookmark, epoch) of this session
         self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
         self._poller: Any = None
         self._last_heard = self._last_sent = 0.0
@@ -145,12 +149,13 @@ class Worker(MessageStream):
             out.append(local.popleft())
         return out
 
-    def ack_many(self, messages: Iterable[Message]) -> None:
-        """Acknowledge several messages; they leave as one frame."""
-        self._settle_many("ack", messages)
+    def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+        """Acknowledge several messages; they leave as one frame. With ``wait=True``,
+        wait for the verdicts: bookmark -> ``ok`` / ``lost`` / ``done`` / ``unknown``."""
+        return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message]) -> None:
-        self._settle_many("cancel", messages)
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+        return self._settle_many("cancel", messages, wait)
 
     def heartbeat(self) -> None:
         """Tell the dispatcher this worker is alive (and send waiting settles), without
@@ -184,17 +189,42 @@ class Worker(MessageStream):
     def _settle(self, op: str, msg: Message) -> None:
         self._settle_many(op, (msg,))
 
-    def _settle_many(self, op: str, messages: Iterable[Message]) -> None:
+    def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
         """Settles wait until the worker is about to wait, or until half the backlog is
         waiting to be settled: the dispatcher can refill while the rest is worked on."""
+        if wait:
+            return self._settle_wait(op, [m for m in messages if m.deliveries])
         gen = self.generation  # a message of a session that is gone is redelivered anyway
-        self._settles.extend((op, m.bookmark) for m in messages if m.deliveries and m._generation == gen)
+        self._settles.extend((op, m.bookmark, m.deliveries) for m in messages if m.deliveries and m._generation == gen)
         if len(self._settles) * 2 >= max(self.backlog, 1):
             self._flush()
+        return None
+
+    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0) -> dict[int, str]:
+        """Settle now (after the settles made before) and wait for each verdict. A
+        message of an earlier session is ``lost`` without asking: its lease ended with it."""
+        gen = self.generation
+        results = {m.bookmark: "lost" for m in messages if m._generation != gen}
+        live = [m for m in messages if m._generation == gen]
+        if not live:
+            return results
+        self._flush()
+        req = next(self._reqs)
+        bookmarks = [m.bookmark for m in live]
+        self._send(SETTLE_COMMANDS[op](self.sub_id, bookmarks, [m.deliveries for m in live], req))
+        deadline = time.monotonic() + timeout
+        while req not in self._replies:
+            if self.generation != gen:  # the session was lost while waiting: so were these leases
+                return {**results, **{b: "lost" for b in bookmarks}}
+            if time.monotonic() >= deadline:
+                raise ConnectionLost(f"no verdict on a settle from {self.endpoint} within {timeout}s")
+            self._pump(deadline)
+        results.update(results_by_bookmark(self._replies.pop(req), bookmarks))  # type: ignore[arg-type]
+        return results
 
     def _extend(self, msg: Message, ms: int) -> None:
         if msg._generation == self.generation and self._sock is not None:
-            self._send(wire.Extend(self.sub_id, [msg.bookmark], ms))
+            self._send(wire.Extend(self.sub_id, [msg.bookmark], ms, [msg.deliveries]))
 
     # ------------------------------------------------------------ session
 
@@ -206,6 +236,7 @@ class Worker(MessageStream):
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
         self._settles.clear()
+        self._replies.clear()
         self.backlog = 0
         self._subscribe_req = next(self._reqs)
         sock.send(wire.encode(wire.Subscribe(self._subscribe_req, self.sub_id, self.queue, self.max_backlog, self.filter)))
@@ -269,6 +300,10 @@ class Worker(MessageStream):
             self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
         elif t is wire.Refused:
             self.refused += len(msg.bookmarks)  # type: ignore[attr-defined]
+            if msg.reason == "lost":  # type: ignore[attr-defined]
+                self.lost += len(msg.bookmarks)  # type: ignore[attr-defined]
+        elif t is wire.Reply:
+            self._replies[msg.req] = msg.data  # type: ignore[attr-defined]
         elif t is wire.Error:
             code, text, req = msg.code, msg.message, msg.req  # type: ignore[attr-defined]
             if code in wire.SESSION_ENDING:

@@ -551,14 +551,22 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for sub_id in sorted(self.subs_of_consumer.get(consumer, ())):
             self.unsubscribe(sub_id, now_ms)
 
-    def ack(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
-        """Acknowledge; returns the bookmarks refused (not leased by this subscription)."""
+    def ack(self, sub_id: str, seqs: Iterable[int], now_ms: int, epochs: list[int] | None = None,
+            stale: list[int] | None = None) -> list[int]:
+        """Acknowledge; returns the bookmarks refused (not leased by this subscription).
+        ``epochs``: fenced (``settle``); seqs of a delivery no longer live go to ``stale``."""
         self.set_time(now_ms)
         sub = self.sub(sub_id)
         q = sub.queue
         now = self.now_ms
         seqs = seqs if isinstance(seqs, list) else list(seqs)
-        refused = q.ack_many(sub, seqs, now)
+        fenced_off: list[int] = []
+        refused = q.ack_many(sub, seqs, now, epochs, fenced_off)
+        if fenced_off:
+            if stale is not None:
+                stale.extend(fenced_off)
+            off = set(fenced_off)
+            seqs = [seq for seq in seqs if seq not in off]
         if refused:
             gone = set(refused)
             seqs = [seq for seq in seqs if seq not in gone]
@@ -591,6 +599,41 @@ class Engine(ManagementMixin, TargetDepthMixin):
             total += latency * run
         q.ack_latency_sum_ms += total
         return refused
+
+    def settle(self, op: str, sub_id: str, seqs: list[int], epochs: list[int] | None, now_ms: int,
+               extra_ms: int = 0) -> dict[str, list[int]]:
+        """Ack, cancel, expire or extend (``extra_ms``) with fencing: each bookmark's
+        ``epochs`` entry is the delivery count it was delivered with, and a settle
+        naming a delivery that is no longer live is not applied. Returns the bookmarks
+        not applied by result (``lost``, ``done``, ``unknown``: ``Queue.settle_result``);
+        the rest were applied (``ok``). ``epochs`` None or empty: unfenced."""
+        sub = self.sub(sub_id)
+        q = sub.queue
+        stale: list[int] = []
+        if epochs and len(epochs) != len(seqs):
+            raise ProtocolError(f"{len(epochs)} epochs for {len(seqs)} bookmarks")
+        if op == "ack":  # the hot one: fenced in the same pass as the acks
+            refused = self.ack(sub_id, seqs, now_ms, epochs or None, stale)
+        else:
+            if op not in ("cancel", "expire", "extend"):
+                raise ProtocolError(f"no settle {op!r}")
+            if epochs:
+                seqs, stale = q.fence(sub, seqs, epochs)
+            if op == "cancel":
+                refused = self.cancel(sub_id, seqs, now_ms)
+            elif op == "expire":
+                refused = self.expire(sub_id, seqs, now_ms)
+            else:
+                refused = self.extend(sub_id, seqs, extra_ms, now_ms)
+        results: dict[str, list[int]] = {}
+        if stale:
+            results["lost"] = stale
+        for seq in refused:
+            results.setdefault(q.settle_result(seq, self.next_seq), []).append(seq)
+        lost = results.get("lost")
+        if lost:
+            q.lost_settles += len(lost)
+        return results
 
     def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
         self.set_time(now_ms)
@@ -794,6 +837,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "expired": q.expired,
                 "dead_lettered": q.dead_lettered,
                 "redelivered": q.redelivered,
+                "lost": q.lost_settles,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,

@@ -237,6 +237,7 @@ class Queue:
         # Counters for stats.
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = 0
+        self.lost_settles = 0  # fenced settles not applied: their delivery was no longer live
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
@@ -926,8 +927,11 @@ class Queue:
         self.note_event(R.ACKED, sub.consumer, seq, m & _D_MASK)
         return None
 
-    def ack_many(self, sub: Subscription, seqs: Iterable[int], now_ms: int = 0) -> list[int]:
+    def ack_many(self, sub: Subscription, seqs: list[int], now_ms: int = 0, epochs: list[int] | None = None,
+                 stale: list[int] | None = None) -> list[int]:
         """Acknowledge a batch; returns the seqs refused (see ``ack`` for the reasons).
+        ``epochs`` (fenced acks): a seq leased to ``sub`` under another delivery count
+        is not acked but added to ``stale`` (``fence``); checked in the same pass.
 
         Acks are a third of the engine's per-message work, so on a queue with no ranks,
         sizes or last-value keys (nothing else to update on the way out) a leased
@@ -936,23 +940,33 @@ class Queue:
         ``allow_ack_unleased``). Waiting groups of ``sub`` are offered its freed credit
         once, after the batch: ``ready`` is a heap, so the order of pushes is moot."""
         if self.browse or self.ordered or self.sizes is not None or self.lvq_key_of:
+            if epochs:
+                seqs, fenced_off = self.fence(sub, seqs, epochs)
+                if stale is not None:
+                    stale.extend(fenced_off)
             return [seq for seq in seqs if self.ack(sub, seq, now_ms) is not None]
         lease_of, meta, groups = self.lease_of, self.meta, self.groups
+        fenced = bool(epochs)
         events = self.events_out.get((R.ACKED, sub.consumer, ""))
         if events is None:
             events = self.events_out[(R.ACKED, sub.consumer, "")] = []
         refused: list[int] = []
         done = busy = 0
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             lease = lease_of.get(seq)
             if lease is None or lease.sub is not sub:
                 if self.ack(sub, seq, now_ms) is not None:
                     refused.append(seq)
                 continue
+            m = meta.pop(seq)
+            if fenced and m & _D_MASK != epochs[i]:  # type: ignore[index]
+                meta[seq] = m  # leased to us again since: that delivery is not this one
+                if stale is not None:
+                    stale.append(seq)
+                continue
             del lease_of[seq]
             lease.live -= 1
             busy += now_ms - lease.started_ms
-            m = meta.pop(seq)
             events.append((seq, m & _D_MASK))
             done += 1
             gid = m >> _G_SHIFT
@@ -976,6 +990,34 @@ class Queue:
         elif not events:
             del self.events_out[(R.ACKED, sub.consumer, "")]  # nothing acked: no empty event
         return refused
+
+    def fence(self, sub: Subscription, seqs: list[int], epochs: list[int]) -> tuple[list[int], list[int]]:
+        """Fenced settles: split ``seqs`` into those to apply and those whose delivery
+        (``epochs``: the delivery count each was delivered with) is no longer the live
+        one: leased to ``sub`` again since, under a newer count. A seq not leased to
+        ``sub`` at all is left to the settle itself, which refuses it."""
+        lease_of, meta = self.lease_of, self.meta
+        live: list[int] = []
+        stale: list[int] = []
+        for seq, epoch in zip(seqs, epochs):
+            lease = lease_of.get(seq)
+            if lease is not None and lease.sub is sub and meta[seq] & _D_MASK != epoch:
+                stale.append(seq)
+            else:
+                live.append(seq)
+        return live, stale
+
+    def settle_result(self, seq: int, next_seq: int) -> str:
+        """Why a settle of ``seq`` was not applied (cheap: a hostile batch of bookmarks
+        costs a dict lookup each): ``lost`` -- the message is still here and has been
+        delivered (another delivery is live, or it waits to go again); ``done`` -- it has
+        no live delivery count here: finished (acked, expired, dead-lettered), or never
+        delivered by this queue; ``unknown`` -- no such bookmark was ever given out."""
+        if seq in self.meta:
+            return "lost"
+        if 0 < seq < next_seq:
+            return "done"
+        return "unknown"
 
     def cancel(self, sub: Subscription, seq: int) -> str | None:
         if self.browse:

@@ -200,33 +200,36 @@ class Commands:
 
     # ------------------------------------------------------------- settling
 
-    def settle(self, peer_id: bytes, peer: Peer, cmd: wire.Ack | wire.Cancel | wire.Expire, op: str,
-               action: Callable[[str, list[int], int], list[int]], now: int) -> None:
+    def settle(self, peer_id: bytes, peer: Peer, cmd: wire.Ack | wire.Cancel | wire.Expire | wire.Extend, op: str,
+               now: int, extra_ms: int = 0) -> None:
+        """Apply a settle, fenced by its epochs; tell the client what was not applied:
+        a REFUSED per result (``lost``, ``done``, ``unknown``), or with ``req`` one
+        REPLY giving every bookmark's result, ``ok`` included."""
         if cmd.sub not in peer.subs:
-            if op == "ack" and self.replayer.credit(sub_key(peer, cmd.sub), len(cmd.bookmarks)):
+            if op == "ack" and not cmd.req and self.replayer.credit(sub_key(peer, cmd.sub), len(cmd.bookmarks)):
                 return  # a replay's client took these: room for more
-            self.reply(peer_id, wire.Refused(cmd.sub, op, cmd.bookmarks, "unknown-subscription"))
+            results = {"unknown-subscription": cmd.bookmarks}
+        else:
+            results = self.engine.settle(op, sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, now, extra_ms)
+        if cmd.req:
+            not_ok = {seq for seqs in results.values() for seq in seqs}
+            answer = {"ok": [seq for seq in cmd.bookmarks if seq not in not_ok], **results}
+            self.reply(peer_id, wire.Reply(cmd.req, answer))
             return
-        refused = action(sub_key(peer, cmd.sub), cmd.bookmarks, now)
-        if refused:
-            self.reply(peer_id, wire.Refused(cmd.sub, op, refused, "not-leased"))
+        for reason, seqs in results.items():
+            self.reply(peer_id, wire.Refused(cmd.sub, op, seqs, reason))
 
     def on_ack(self, peer_id: bytes, peer: Peer, cmd: wire.Ack, now: int) -> None:
-        self.settle(peer_id, peer, cmd, "ack", self.engine.ack, now)
+        self.settle(peer_id, peer, cmd, "ack", now)
 
     def on_cancel(self, peer_id: bytes, peer: Peer, cmd: wire.Cancel, now: int) -> None:
-        self.settle(peer_id, peer, cmd, "cancel", self.engine.cancel, now)
+        self.settle(peer_id, peer, cmd, "cancel", now)
 
     def on_expire(self, peer_id: bytes, peer: Peer, cmd: wire.Expire, now: int) -> None:
-        self.settle(peer_id, peer, cmd, "expire", self.engine.expire, now)
+        self.settle(peer_id, peer, cmd, "expire", now)
 
     def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
-        if cmd.sub not in peer.subs:
-            self.reply(peer_id, wire.Refused(cmd.sub, "extend", cmd.bookmarks, "unknown-subscription"))
-            return
-        refused = self.engine.extend(sub_key(peer, cmd.sub), cmd.bookmarks, cmd.ms, now)
-        if refused:
-            self.reply(peer_id, wire.Refused(cmd.sub, "extend", refused, "not-leased"))
+        self.settle(peer_id, peer, cmd, "extend", now, cmd.ms)
 
     # -------------------------------------------------------------- reading
 

@@ -125,7 +125,7 @@ class Worker:
     name: str
     sub_id: str
     queue: str
-    held: list[int] = field(default_factory=list)
+    held: list[tuple[int, int]] = field(default_factory=list)  # (bookmark, epoch: its delivery count)
     filter: str | None = None
     pull: bool = False  # claims instead of a subscription
     destructive: bool = False  # the claim of this step removes what it takes
@@ -144,6 +144,7 @@ class Simulator:
         self.trace = hashlib.sha256()
         self.crashes = 0
         self.delivered = 0  # every message sent to a worker (leased, browsed or a barrier)
+        self.stale_settles = 0  # settles naming a delivery no longer live, refused (the fence at work)
         self.step_no = 0
 
     # ------------------------------------------------------------- running
@@ -202,7 +203,7 @@ class Simulator:
                     if m is None or not check(m.headers, m.payload, m.topic):
                         raise InvariantError(f"{d.sub_id} with filter {w.filter!r} got non-matching {seq}: {m}")
             if not (w.pull and w.destructive):
-                w.held.extend(s for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
+                w.held.extend((s, n) for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
         self.oracle.check(self.engine)
         for s in self.options.queues:
             q = self.engine.queues[s.name]
@@ -269,20 +270,49 @@ class Simulator:
         k = rng.randint(1, len(w.held))
         chosen = rng.sample(w.held, k)
         roll = rng.random()
+        extra_ms = 0
         if not faults or roll < o.p_ack:
-            action = self.engine.ack
+            op = "ack"
         elif roll < o.p_ack + o.p_cancel:
-            action = self.engine.cancel
+            op = "cancel"
         elif roll < o.p_ack + o.p_cancel + o.p_expire:
-            action = self.engine.expire
+            op = "expire"
         elif roll < o.p_ack + o.p_cancel + o.p_expire + o.p_extend:
-            self.engine.extend(w.sub_id, chosen, rng.choice([100, 2000]), self.now_ms)
-            return
+            op, extra_ms = "extend", rng.choice([100, 2000])
         else:
-            return  # slow worker: holds on (its leases may expire)
-        action(w.sub_id, sorted(chosen), self.now_ms)
-        # Refused bookmarks were stale (lease expired); either way the worker lets go.
-        w.held = [s for s in w.held if s not in set(chosen)]
+            return  # slow worker: holds on (its leases may expire, and its settles go stale)
+        self.settle_fenced(w, op, sorted(chosen), extra_ms)
+        if op != "extend":  # applied or refused, the worker lets go
+            w.held = [h for h in w.held if h not in set(chosen)]
+
+    def settle_fenced(self, w: Worker, op: str, chosen: list[tuple[int, int]], extra_ms: int) -> None:
+        """Settle as a client does, fenced by each delivery's epoch, and check the
+        fence: exactly the live deliveries apply; a stale epoch never settles."""
+        q = self.engine.queues[w.queue]
+        sub = self.engine.subs[w.sub_id]
+        by_seq: dict[int, int] = {}
+        for seq, epoch in chosen:  # redelivered to the same worker: the newest delivery
+            by_seq[seq] = max(epoch, by_seq.get(seq, 0))
+        older = sorted((seq, epoch) for seq, epoch in chosen if epoch < by_seq[seq])
+        if older:  # the superseded deliveries' settles: none may apply
+            results = self.engine.settle(op, w.sub_id, [x[0] for x in older], [x[1] for x in older], self.now_ms, extra_ms)
+            if sum(len(v) for v in results.values()) != len(older):
+                raise InvariantError(f"{w.sub_id} {op}: superseded deliveries {older} settled: {results}")
+            self.stale_settles += len(older)
+        seqs = sorted(by_seq)
+        live = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub
+                and q.deliveries_of(seq) == by_seq[seq]}
+        stale = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub} - live
+        results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms)
+        refused = {seq for v in results.values() for seq in v}
+        if q.browse or q.settings.allow_ack_unleased:
+            return  # browsers settle without leases; unleased acks apply by design
+        if live & refused or (set(seqs) - refused) - live:
+            raise InvariantError(f"{w.sub_id} {op} {seqs}: applied {sorted(set(seqs) - refused)}, "
+                                 f"live deliveries were {sorted(live)}")
+        if not stale <= set(results.get("lost", [])):
+            raise InvariantError(f"{w.sub_id} {op}: stale deliveries {sorted(stale)} not reported lost: {results}")
+        self.stale_settles += len(stale)
 
     def kill_worker(self, name: str) -> None:
         w = self.workers.pop(name)

@@ -17,6 +17,7 @@ class QueueRow:
     out_rate: float
     oldest_ms: int | None
     redelivered: int
+    lost: int  # settles of deliveries no longer live (fenced leases): late workers
     expired: int
     dead_lettered: int
     consumers: int
@@ -132,7 +133,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         queues.append(QueueRow(
             name=name, depth=q["depth"], leased=q["leased"],
             in_rate=rate(q["published"], p and p["published"], dt), out_rate=rate(q["acked"], p and p["acked"], dt),
-            oldest_ms=q.get("oldest_ms"), redelivered=q["redelivered"], expired=q["expired"],
+            oldest_ms=q.get("oldest_ms"), redelivered=q["redelivered"], lost=q.get("lost", 0), expired=q["expired"],
             dead_lettered=q["dead_lettered"], consumers=len(q["consumers"]),
             p50_ms=p50, p99_ms=p99,
             depth_history=history.add(name, q["depth"]),

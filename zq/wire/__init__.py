@@ -57,22 +57,30 @@ class Unsubscribe(_Cmd, tag="unsub"):
 class Ack(_Cmd, tag="ack"):
     sub: str
     bookmarks: list[int]
+    epochs: list[int] = []  # fencing: the delivery count each bookmark was delivered with; [] = unfenced
+    req: int = 0  # non-zero: answer with a REPLY giving every bookmark's result
 
 
 class Cancel(_Cmd, tag="cancel"):
     sub: str
     bookmarks: list[int]
+    epochs: list[int] = []  # fencing: the delivery count each bookmark was delivered with; [] = unfenced
+    req: int = 0  # non-zero: answer with a REPLY giving every bookmark's result
 
 
 class Expire(_Cmd, tag="expire"):
     sub: str
     bookmarks: list[int]
+    epochs: list[int] = []  # fencing: the delivery count each bookmark was delivered with; [] = unfenced
+    req: int = 0  # non-zero: answer with a REPLY giving every bookmark's result
 
 
 class Extend(_Cmd, tag="extend"):
     sub: str
     bookmarks: list[int]
     ms: int
+    epochs: list[int] = []
+    req: int = 0
 
 
 class Heartbeat(_Cmd, tag="hb"):
