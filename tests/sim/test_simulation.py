@@ -30,18 +30,20 @@ def test_crashes_and_worker_deaths_are_actually_injected():
     assert any(s.options.p_worker_death > 0 for s in sims)
 
 
-def test_stale_settles_are_sent_and_refused():
+def test_stale_settles_are_sent_and_refused_and_explain_is_checked():
     """Slow workers settle after their leases ended and the message came back (to them
-    or to someone else): the fence's case happens, and the run's checks held."""
+    or to someone else): the fence's case happens, and the run's checks held; explain's
+    answer was compared with the engine's state on thousands of messages."""
     sims = [Simulator(seed, 800).run() for seed in range(1, 9)]
     assert sum(s.stale_settles for s in sims) > 0
+    assert sum(s.explained for s in sims) > 1000
 
 
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
-     "ordered-queue-ignores-rank", "fence-ignores-epochs"],
+     "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -50,6 +52,12 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     elif bug == "ordered-queue-ignores-rank":
         original_enqueue = Queue.enqueue_ranked
         monkeypatch.setattr(Queue, "enqueue_ranked", lambda self, seq, gid, key: original_enqueue(self, seq, gid, seq))
+    elif bug == "explain-misplaces-returned":
+        import zq.core.explain as explain_module
+
+        original_place = explain_module.waiting_place
+        monkeypatch.setattr(explain_module, "waiting_place",
+                            lambda q, seq, group: None if seq in q.returned else original_place(q, seq, group))
     elif bug == "fence-ignores-epochs":
         monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":

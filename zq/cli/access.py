@@ -180,6 +180,30 @@ def register_management(app: typer.Typer) -> None:
         print_rows(rows, ["group", "pending", "in_flight", "holder"])
 
     @app.command()
+    def explain(
+        queue: str = typer.Argument(..., help="the queue the message is in"),
+        message: str = typer.Argument(..., metavar="BOOKMARK|MSG_ID",
+                                      help="the message's bookmark (a number), or the msg_id it was published with"),
+        msg_id: bool = typer.Option(False, "--msg-id", help="read MESSAGE as a msg_id even if it is a number"),
+        topic: Optional[str] = typer.Option(None, "--topic", help="the topic a MSG_ID was published to "
+                                            "(default: the queue's name)"),
+        endpoint: Optional[str] = EndpointOpt,
+        as_json: bool = typer.Option(False, "--json", help="the whole answer as JSON"),
+    ) -> None:
+        """Say why a message is where it is (leased by whom until when, or what holds it
+        back), with its delivery history from the journal."""
+        by_bookmark = message.isdigit() and not msg_id
+        with client_for(endpoint) as c:
+            doc = run(lambda: c.explain(queue, int(message) if by_bookmark else None,
+                                        msg_id=None if by_bookmark else message, topic=topic))
+        if as_json:
+            typer.echo(json.dumps(doc))
+            return
+        from zq.cli.views import explain_text
+
+        typer.echo(explain_text(doc))
+
+    @app.command()
     def purge(
         queue: str = typer.Argument(..., help="the queue to purge"),
         group: Optional[str] = typer.Option(None, "--group", "-g", help="only this group's messages"),

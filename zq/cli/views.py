@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich import box
 from rich.table import Table
 
@@ -116,3 +118,30 @@ def print_rows(rows: list[dict], columns: list[str]) -> None:
     cells = [["NULL" if row.get(c) is None else f"{row[c]:.6g}" if isinstance(row.get(c), float) else str(row.get(c))
               for c in columns] for row in rows]
     print_table("", columns, cells, "")
+
+
+def explain_text(doc: dict) -> str:
+    """``zq explain``'s answer for a person: the state and why, then the history."""
+    facts = [f"topic {doc['topic']}" if doc.get("topic") else None,
+             f"published {doc['published_ms_ago'] / 1000:.1f}s ago" if "published_ms_ago" in doc else None,
+             f"msg_id {doc['msg_id']}" if doc.get("msg_id") else None,
+             f"group {doc['group']}" if doc.get("group") else None,
+             f"{doc['deliveries']} deliveries" if doc.get("deliveries") else None,
+             f"{doc['cancels']} cancels" if doc.get("cancels") else None]
+    head = f"{doc['queue']} {doc['bookmark']}: {doc['state']}"
+    known = [f for f in facts if f]
+    lines = [head + (f" ({', '.join(known)})" if known else "")]
+    lines += [f"  {reason}" for reason in doc.get("why", [])]
+    events = doc.get("history", [])
+    if events:
+        lines.append("history:" if doc.get("history_complete", True) else
+                     "history (the journal scan stopped at its budget: older events only):")
+        for ev in events:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ev["ts_ms"] / 1000)) + f".{ev['ts_ms'] % 1000:03d}Z"
+            who = ev.get("name") or ev.get("consumer") or ""
+            extra = f" delivery {ev['deliveries']}" if ev.get("deliveries") else ""
+            reason = f" ({ev['reason']})" if ev.get("reason") else ""
+            lines.append(f"  {when}  {ev['kind']:<12} {who}{extra}{reason}")
+    elif "history" in doc:
+        lines.append("history: no delivery events")
+    return "\n".join(lines)

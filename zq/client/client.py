@@ -49,6 +49,7 @@ from zq.client.messages import (
 from zq.client.session import (
     ConnectionLost,
     Outgoing,
+    bookmark_arg,
     check_endpoint,
     drain_frames,
     duration_arg,
@@ -312,6 +313,22 @@ class Client:
     def groups(self, queue: str, limit: int = 1000) -> list[dict]:
         """Groups of a queue with pending and in-flight counts, busiest first."""
         return self.admin("groups", queue=queue, limit=limit)  # type: ignore[return-value]
+
+    def explain(self, queue: str, bookmark: int | None = None, *, msg_id: str | None = None,
+                topic: str | None = None, history: int = 100) -> dict:
+        """Why a message is where it is: ``state`` (leased, waiting, not-in-queue), the
+        reasons (``why``: its lease and holder, its group's holder, a barrier, filters, no
+        consumer with credit, what waits ahead), and its delivery ``history`` from the
+        journal. Name it by ``bookmark``, or by ``msg_id`` (published to ``topic``,
+        default the queue's name)."""
+        args: dict[str, object] = {"queue": queue, "history": history}
+        if bookmark is not None:
+            args["bookmark"] = bookmark_arg(bookmark)
+        if msg_id is not None:
+            args["msg_id"] = msg_id
+        if topic is not None:
+            args["topic"] = topic
+        return self.admin("explain", **args)  # type: ignore[return-value]
 
     def create_queue(self, name: str, **settings: object) -> dict:
         """Declare a queue at run time (settings as in zq.toml: ``lease="5s"``...)."""

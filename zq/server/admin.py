@@ -13,9 +13,12 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from zq.core import limits
 from zq.core.engine import Engine
 from zq.core.errors import ProtocolError
+from zq.core.explain import explain as explain_message
 from zq.core.manage import BulkCursor
+from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.config import QueueSection, queue_settings
 from zq.server.sessions import Peer, holder_name, sub_key
 
@@ -25,6 +28,7 @@ class AdminHost(Protocol):
 
     engine: Engine
     peers: dict[bytes, Peer]
+    journal: LmdbJournal
 
     def configured_queue(self, name: str) -> bool: ...
 
@@ -74,6 +78,18 @@ class QueueDeleteArgs(Args):
     name: str
 
 
+class ExplainArgs(Args):
+    queue: str
+    bookmark: int | None = None
+    msg_id: str | None = None
+    topic: str | None = None  # where to look the msg_id up (default: the queue's name)
+    history: int = 100  # delivery events to return, newest last
+
+
+EXPLAIN_EVENTS_SCAN = 100_000  # journal events read after the message, at most (the loop's budget: ~0.1 s)
+EXPLAIN_HISTORY_MAX = 1_000
+
+
 def replace(server: AdminHost, peer: Peer, a: ReplaceArgs, now: int) -> Any:
     if a.sub not in peer.subs:
         raise ProtocolError(f"no subscription {a.sub!r} on this connection")
@@ -117,6 +133,51 @@ def queue_delete(server: AdminHost, peer: Peer, a: QueueDeleteArgs, now: int) ->
     return server.engine.delete_queue(a.name, server.configured_queue, now)
 
 
+def explain(server: AdminHost, peer: Peer, a: ExplainArgs, now: int) -> Any:
+    """Why a message is where it is, and its delivery history from the journal."""
+    server.engine.queue(a.queue)  # an unknown queue is an error before anything is read
+    seq = a.bookmark
+    if (seq is None) == (a.msg_id is None):
+        raise ProtocolError("explain takes a bookmark or a msg_id")
+    if a.msg_id is not None:
+        topic = a.topic or a.queue
+        if len(a.msg_id.encode()) > limits.HEADER_BYTES_MAX or len(topic.encode()) > limits.TOPIC_BYTES_MAX:
+            raise ProtocolError(f"a msg_id is at most {limits.HEADER_BYTES_MAX} bytes, a topic {limits.TOPIC_BYTES_MAX}")
+        found = server.journal.find_id(topic, a.msg_id)
+        if found is None:
+            raise ProtocolError(f"no message with msg_id {a.msg_id!r} on topic {topic!r} in the journal "
+                                "(ids are kept for the dedup window; name the topic with topic=)")
+        seq = found[0]
+    assert seq is not None
+    if not 0 <= seq < 1 << 64:
+        raise ProtocolError("a bookmark is 0..2**64-1")
+    msg = server.journal.get_message(seq) if seq else None
+    out = explain_message(server.engine, a.queue, seq, now, msg.topic if msg else None, msg.headers if msg else None)
+    if msg is not None:
+        out["topic"], out["published_ms_ago"], out["msg_id"] = msg.topic, max(0, now - msg.ts_ms), msg.msg_id
+    leased_to = out.get("leased_to")
+    if leased_to is not None:
+        leased_to["name"] = holder_name(server.peers, leased_to["consumer"])
+    out["history"], out["history_complete"] = history(server.journal, a.queue, seq, min(max(a.history, 0),
+                                                                                       EXPLAIN_HISTORY_MAX))
+    return out
+
+
+def history(journal: LmdbJournal, queue: str, seq: int, keep: int) -> tuple[list[dict], bool]:
+    """The events of ``queue`` that name ``seq`` (the last ``keep``), read from the
+    journal after it; complete unless the scan stopped at its budget first."""
+    found: list[dict] = []
+    for i, ev in enumerate(journal.read_events(seq)):
+        if i >= EXPLAIN_EVENTS_SCAN:
+            return found[-keep:] if keep else [], False
+        if ev.queue != queue or seq not in ev.bookmarks:
+            continue
+        n = ev.deliveries[ev.bookmarks.index(seq)] if len(ev.deliveries) == len(ev.bookmarks) else 0
+        found.append({"bookmark": ev.seq, "ts_ms": ev.ts_ms, "kind": ev.kind, "consumer": ev.consumer,
+                      "name": ev.consumer_name, "deliveries": n, "reason": ev.reason})
+    return found[-keep:] if keep else [], True
+
+
 OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "replace": (ReplaceArgs, replace),
     "ack-filter": (AckFilterArgs, ack_filter),
@@ -126,6 +187,7 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "groups": (GroupsArgs, groups),
     "queue-create": (QueueSection, queue_create),
     "queue-delete": (QueueDeleteArgs, queue_delete),
+    "explain": (ExplainArgs, explain),
 }
 
 

@@ -29,6 +29,7 @@ from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.errors import QueueFullError, ZqError
 from zq.core.settings import QueueSettings
+from zq.core.explain import explain
 from zq.core.expr import compile_filter
 from zq.journal.base import recover_engine
 from zq.journal.memory_journal import MemoryJournal
@@ -145,6 +146,7 @@ class Simulator:
         self.crashes = 0
         self.delivered = 0  # every message sent to a worker (leased, browsed or a barrier)
         self.stale_settles = 0  # settles naming a delivery no longer live, refused (the fence at work)
+        self.explained = 0  # messages whose explain was checked against the oracle
         self.step_no = 0
 
     # ------------------------------------------------------------- running
@@ -205,6 +207,7 @@ class Simulator:
             if not (w.pull and w.destructive):
                 w.held.extend((s, n) for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
         self.oracle.check(self.engine)
+        self.check_explain()
         for s in self.options.queues:
             q = self.engine.queues[s.name]
             if s.max_depth and s.overflow == "reject" and q.held() > s.max_depth:
@@ -214,6 +217,35 @@ class Simulator:
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
+
+    def check_explain(self) -> None:
+        """``zq explain`` must agree with the truth: for a few messages of each step, its
+        state is the oracle's (leased to the consumer the journal says, waiting, or gone)."""
+        names = sorted(self.oracle.queues)
+        if not names:
+            return
+        name = self.rng.choice(names)
+        view, q = self.oracle.queues[name], self.engine.queues[name]
+        if not view.confirmed:
+            return
+        waiting = q.waiting_set()
+        for seq in self.rng.sample(sorted(view.confirmed), min(2, len(view.confirmed))):
+            m = self.journal.get_message(seq)
+            doc = explain(self.engine, name, seq, self.now_ms, m.topic if m else None, m.headers if m else None)
+            if seq in q.lease_of:
+                want = "leased"
+            elif seq in waiting:
+                want = "waiting"
+            else:
+                want = "not-in-queue"
+            if doc["state"] != want:
+                raise InvariantError(f"explain {name} {seq}: says {doc['state']}, the engine has it {want}: {doc}")
+            if want == "leased" and not view.browse and seq in view.held and \
+                    doc["leased_to"]["consumer"] != view.held[seq]:
+                raise InvariantError(f"explain {name} {seq}: leased to {doc['leased_to']}, journal says {view.held[seq]}")
+            if seq in view.finished and want == "waiting":
+                raise InvariantError(f"explain {name} {seq}: finished in the journal, but {want}")
+            self.explained += 1
 
     def crash(self, *, lose_step: bool, out: Output) -> None:
         """The dispatcher dies; with ``lose_step`` before this step's commit."""

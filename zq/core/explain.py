@@ -1,0 +1,140 @@
+"""Why a message is where it is (``zq explain``): read-only, from the engine's state.
+
+An operator at 3 a.m. asks about one message: is it out with a worker (whose, until
+when), waiting (and what holds it: its group's holder, a barrier, filters, no consumer
+with credit, older messages), or gone from the queue? This module answers from the
+queue's structures without changing them, and cheaply: a dict lookup or a bisect per
+place the message could be, never a walk over every group (a queue may have millions).
+The dispatcher adds the message's delivery history from the journal's events.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any
+
+from zq.core.ordering import SEQ_MASK
+
+if TYPE_CHECKING:
+    from zq.core.engine import Engine
+    from zq.core.queue import Queue
+
+_D_MASK = 0xFFFF
+_G_SHIFT = 32
+RETURNED_SCAN_MAX = 1_000_000  # returned messages looked through for one explain (a heap has no index)
+
+
+def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None,
+            headers: dict[str, str] | None) -> dict[str, Any]:
+    """Where message ``seq`` of ``queue`` is, and why. ``topic`` and ``headers``: the
+    message's, when the journal holds it (None: no message has this bookmark)."""
+    q: Queue = engine.queue(queue)  # type: ignore[attr-defined]
+    out: dict[str, Any] = {"queue": queue, "bookmark": seq}
+    m = q.meta.get(seq, 0)
+    out["deliveries"], out["cancels"] = m & _D_MASK, (m >> 16) & _D_MASK
+    group = group_of(q, m, headers)
+    if group is not None:
+        out["group"] = group
+    lease = q.lease_of.get(seq)
+    if lease is not None:
+        sub = lease.sub
+        out["state"] = "leased"
+        out["leased_to"] = {"consumer": sub.consumer, "name": engine.consumer_names.get(sub.consumer, ""),
+                            "sub": sub.sub_id}
+        out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
+        out["why"] = [f"delivery {m & _D_MASK} is out with {out['leased_to']['name'] or sub.consumer} "
+                      f"until its lease ends in {out['lease_ends_in_ms']} ms (or it is acked, cancelled or expired)"]
+        return out
+    place = waiting_place(q, seq, group)
+    if place is None:
+        out["state"] = "not-in-queue"
+        if topic is None:
+            out["why"] = ["no message has this bookmark in the journal (an event's bookmark, trimmed by retention, "
+                          "or never published)"]
+        elif not q.covers(topic) or seq < q.settings.start_seq:
+            out["why"] = [f"not a message of this queue (its topic {topic!r} is not one of the queue's, or it was "
+                          "published before the queue existed)"]
+        elif q.inactive:
+            out["why"] = ["settled (acked, expired or dead-lettered: see its history), or waiting in the journal-only "
+                          "part of this TargetQueueDepth queue, read back as the queue drains"]
+        else:
+            out["why"] = ["settled: acked, expired or dead-lettered (see its history)"]
+        return out
+    out["state"] = "waiting"
+    out["place"] = place
+    out["why"] = waiting_reasons(engine, q, seq, group, place)
+    return out
+
+
+def group_of(q: Queue, m: int, headers: dict[str, str] | None) -> str | None:
+    gid = m >> _G_SHIFT
+    if gid and gid in q.groups:
+        return q.groups[gid].name
+    header = q.settings.group_header
+    if headers is not None and header and q.grouped:
+        return headers.get(header)
+    return None
+
+
+def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
+    """Which waiting place holds ``seq`` (see zq.core.queue), or None. In an ordered
+    queue the places hold ranks (``q.ranks``), and the fifo stays empty."""
+    if seq in q.removed:
+        return None
+    if q.ordered:
+        for i, key in enumerate(q.returned):
+            if i >= RETURNED_SCAN_MAX:
+                break
+            if key & SEQ_MASK == seq:
+                return "returned"
+    else:
+        i = bisect_left(q.fifo, seq, lo=q.head)
+        if i < len(q.fifo) and q.fifo[i] == seq:
+            return "fifo"
+        if seq in q.returned[:RETURNED_SCAN_MAX]:
+            return "returned"
+    key = q.ranks.get(seq, -1) if q.ordered else seq
+    if q.skipped and key not in q.skip_gone:
+        i = bisect_left(q.skipped, key)
+        if i < len(q.skipped) and q.skipped[i] == key:
+            return "set-aside"
+    if group is not None:
+        gid = q.gid_of.get(group)
+        if gid is not None:
+            g = q.groups[gid]
+            if seq in g.pending[g.phead:]:
+                return "group"
+    return None
+
+
+def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place: str) -> list[str]:
+    why: list[str] = []
+    if q.barriers and q.barriers[0] < seq:
+        why.append(f"behind barrier message {q.barriers[0]}: nothing later goes until every earlier message is acked")
+    if place == "set-aside":
+        why.append("set aside: every subscription with credit has a filter it does not match")
+    if group is not None and group in q.gid_of:
+        g = q.groups[q.gid_of[group]]
+        holder = g.owner
+        who = (engine.consumer_names.get(holder.consumer, "") or holder.consumer) if holder is not None else None
+        if place == "group" and g.has_pending() and g.pending[g.phead] != seq:
+            ahead = len(g.pending) - g.phead
+            why.append(f"behind older messages of its group {group!r} ({ahead} of them wait in order)")
+        if g.inflight and q.held_while_busy:
+            why.append(f"its group {group!r} is held by {who} with {g.inflight} in flight (sequenced: no one else "
+                       "takes the group until its holder holds none of it)")
+        elif holder is not None and q.exclusive:
+            why.append(f"its group {group!r} belongs to {who} (exclusive), which takes it as its credit allows")
+    subs = q.subs
+    if not subs:
+        why.append("no consumer is subscribed to the queue")
+    elif not any(s.used < s.backlog for s in subs):
+        why.append(f"no consumer has credit: all {len(subs)} subscriptions hold their whole backlog "
+                   f"({sum(s.used for s in subs)} unsettled)")
+    if place == "fifo":
+        ahead = bisect_left(q.fifo, seq, lo=q.head) - q.head
+        if ahead:
+            why.append(f"{ahead} messages published before it wait ahead of it")
+    if not why:
+        why.append("next in line: it goes with the next dispatch")
+    return why
