@@ -110,6 +110,8 @@ def test_zq_top_once_prints_one_plain_frame(tmp_path):
                               server.endpoint], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60)
         assert run.returncode == 0, run.stderr
         assert "orders" in run.stdout and "acme (5)" in run.stdout and "\x1b[" not in run.stdout
+        # the oldest waiting message of the first queue, explained (zq explain)
+        assert "oldest waiting in orders (bookmark 1): no consumer is subscribed" in run.stdout, run.stdout
     finally:
         server.terminate()
 

@@ -11,7 +11,7 @@ def snapshot(published, acked, depth, counts, sub_acked, busy_ms, uptime_ms):
         "queues": {
             "jobs": {"depth": depth, "leased": 12, "published": published, "acked": acked, "redelivered": 3, "lost": 2,
                      "expired": 1, "dead_lettered": 1, "delivered": acked + 12, "cancelled": 2, "groups": 0,
-                     "oldest_ms": 1500, "semantics": "at-least-once",
+                     "oldest_ms": 1500, "oldest_bookmark": 4711, "semantics": "at-least-once",
                      "ack_latency": {"buckets_ms": BUCKETS, "counts": counts, "sum_ms": 0},
                      "consumers": [
                          {"sub": "a/s1", "consumer": "a", "name": "host:101", "used": 8, "backlog": 16,

@@ -82,3 +82,13 @@ def test_a_lost_server_shows_disconnected_with_the_last_figures():
     last = M.build("tcp://x", PREV, CURR, 1000, M.History())
     text = frame_text(M.disconnected("tcp://x", last, "ConnectionLost"))
     assert "disconnected, retrying (ConnectionLost)" in text and "jobs" in text
+
+
+def test_the_oldest_waiting_message_of_the_first_queue_is_explained_below_the_queues():
+    m = M.build("tcp://127.0.0.1:7780", PREV, CURR, 1000, M.History())
+    target = M.oldest_to_explain(m)
+    assert target is not None and target[0] == m.queues[0].name
+    m.oldest_why = M.why_line(target[0], {"bookmark": target[1], "why": ["no consumer has credit", "3 ahead"]})
+    text = frame_text(m)
+    assert f"oldest waiting in {target[0]} (bookmark {target[1]}): no consumer has credit; 3 ahead" in text
+    assert text.index("oldest waiting") < text.index("consumers")

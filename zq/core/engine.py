@@ -848,6 +848,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
+                "oldest_bookmark": q.oldest_waiting() if q.depth else None,  # what zq top explains
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
                                 "sum_ms": q.ack_latency_sum_ms, "ms": dict(q.ack_latency_ms)},
                 "consumers": [

@@ -36,6 +36,16 @@ class Source:
             self.client = None
             raise
 
+    def explain_oldest(self, m: M.TopModel) -> None:
+        """Say why the first queue's oldest waiting message waits (one explain, no history)."""
+        target = M.oldest_to_explain(m)
+        if target is None or self.client is None:
+            return
+        try:
+            m.oldest_why = M.why_line(target[0], self.client.explain(*target, history=0))
+        except Exception:  # noqa: BLE001 -- a dispatcher without explain, or the message left meanwhile
+            m.oldest_why = None
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -50,10 +60,12 @@ def once(endpoint: str, interval: float, width: int = 120) -> str:
         time.sleep(interval)
         second = src.fetch(5)
         dt = int((time.monotonic() - t0) * 1000)
+        m = M.build(endpoint, first, second, dt, M.History())
+        src.explain_oldest(m)
     finally:
         src.close()
     console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
-    console.print(render(M.build(endpoint, first, second, dt, M.History())))
+    console.print(render(m))
     return console.export_text()
 
 
@@ -68,6 +80,7 @@ def live(endpoint: str, interval: float) -> None:
                     curr = src.fetch(max(interval, 1.0))
                     now = time.monotonic()
                     last = M.build(endpoint, prev, curr, int((now - prev_t) * 1000), history, sort)
+                    src.explain_oldest(last)
                     prev, prev_t = curr, now
                 except Exception as exc:
                     last = M.disconnected(endpoint, last, type(exc).__name__)

@@ -24,6 +24,7 @@ class QueueRow:
     p50_ms: float | None
     p99_ms: float | None
     depth_history: list[int]
+    oldest_bookmark: int | None = None
 
 
 @dataclass
@@ -62,6 +63,20 @@ class TopModel:
     sort: str = "depth"
     connected: bool = True
     note: str = ""
+    oldest_why: str | None = None  # why the top queue's oldest waiting message waits (zq explain)
+
+
+def oldest_to_explain(m: TopModel) -> tuple[str, int] | None:
+    """The message ``zq top`` explains: the oldest waiting one of the first queue shown."""
+    for q in m.queues:
+        if q.depth and q.oldest_bookmark is not None:
+            return q.name, q.oldest_bookmark
+    return None
+
+
+def why_line(queue: str, doc: dict) -> str:
+    """One line from an explain answer: the oldest message of ``queue`` and what holds it."""
+    return f"oldest waiting in {queue} (bookmark {doc['bookmark']}): " + "; ".join(doc.get("why", []))
 
 
 @dataclass
@@ -136,7 +151,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
             oldest_ms=q.get("oldest_ms"), redelivered=q["redelivered"], lost=q.get("lost", 0), expired=q["expired"],
             dead_lettered=q["dead_lettered"], consumers=len(q["consumers"]),
             p50_ms=p50, p99_ms=p99,
-            depth_history=history.add(name, q["depth"]),
+            depth_history=history.add(name, q["depth"]), oldest_bookmark=q.get("oldest_bookmark"),
         ))
         before = {c["sub"]: c for c in (p or {}).get("consumers", [])}
         for c in q["consumers"]:

@@ -99,7 +99,10 @@ def groups_table(m: TopModel) -> Table:
 
 
 def render(m: TopModel) -> Group:
-    parts = [header(m), queues_table(m), consumers_table(m)]
+    parts = [header(m), queues_table(m)]
+    if m.oldest_why:
+        parts.append(Text(m.oldest_why, overflow="fold"))
+    parts.append(consumers_table(m))
     if m.groups:
         parts.append(groups_table(m))
     return Group(*parts)
