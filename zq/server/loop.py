@@ -301,9 +301,9 @@ class Server(Commands, Stats):
             if self.closed:
                 raise LinkClosedError("the embedded dispatcher has stopped")
             self.link_serial += 1
-            # 13 bytes from a zero byte: never a ROUTER identity (libzmq's are 5 bytes
+            # 17 bytes from a zero byte: never a ROUTER identity (libzmq's are 5 bytes
             # from a zero byte; a client's own may not start with one).
-            link = LocalLink(self, b"\x00zq-local" + self.link_serial.to_bytes(4, "big"))
+            link = LocalLink(self, b"\x00zq-local" + self.link_serial.to_bytes(8, "big"))
             self.links[link.peer_id] = link
         link.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
         return link
