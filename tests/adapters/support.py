@@ -77,6 +77,17 @@ class ServerProcess:
         return err
 
 
+def configured_server(tmp_path: Path, config: str):  # type: ignore[no-untyped-def]
+    """A fixture body: `zq serve` with ``config`` as its zq.toml; stopped after the test,
+    which fails if the server printed a traceback."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text(config)
+    s = ServerProcess(tmp_path, config=cfg).start()
+    yield s
+    err = s.terminate()
+    assert "Traceback" not in err, err
+
+
 class WorkerProcess:
     """``python -m tests.adapters.worker_proc``: acks what it gets, logs it to a file."""
 

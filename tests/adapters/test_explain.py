@@ -12,7 +12,7 @@ import pytest
 import zq
 from zq.core.errors import ProtocolError, UnknownQueueError
 
-from .support import ROOT, ServerProcess, env
+from .support import ROOT, configured_server, env
 
 CONFIG = """
 [[queue]]
@@ -25,11 +25,7 @@ lease = "30s"
 
 @pytest.fixture
 def server(tmp_path):
-    cfg = tmp_path / "zq.toml"
-    cfg.write_text(CONFIG)
-    s = ServerProcess(tmp_path, config=cfg).start()
-    yield s
-    assert "Traceback" not in s.terminate()
+    yield from configured_server(tmp_path, CONFIG)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from zq import wire
 from zq.wire.records import decode_messages
 from zq.client.worker import Worker
 
-from .support import ServerProcess, env, raw_dealer, wait_until
+from .support import ServerProcess, configured_server, env, raw_dealer, wait_until
 
 CONFIG = """
 [[queue]]
@@ -24,12 +24,7 @@ filter = "kind = 'a'"
 
 @pytest.fixture
 def server(tmp_path):
-    cfg = tmp_path / "zq.toml"
-    cfg.write_text(CONFIG)
-    s = ServerProcess(tmp_path, config=cfg).start()
-    yield s
-    err = s.terminate()
-    assert "Traceback" not in err, err
+    yield from configured_server(tmp_path, CONFIG)
 
 
 class RawPeer:
