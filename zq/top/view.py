@@ -90,8 +90,9 @@ def holder_label(busiest: dict) -> str:
 
 def groups_table(m: TopModel) -> Table:
     t = Table(title="groups", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("queue", "groups", "in flight", "busiest (pending, holder)"):
+    for col in ("queue", "groups", "in flight"):
         t.add_column(col, no_wrap=True)
+    t.add_column("busiest (pending, holder)")  # the long one wraps: the counts keep their width
     for g in m.groups:
         busiest = ", ".join(f"{b['group']} ({b['pending']}{', ' + holder_label(b) if b['owner'] else ''})" for b in g.busiest)
         t.add_row(g.queue, f"{g.groups:,}", f"{g.in_flight:,}", busiest or "-")
@@ -101,7 +102,7 @@ def groups_table(m: TopModel) -> Table:
 def render(m: TopModel) -> Group:
     parts = [header(m), queues_table(m)]
     if m.oldest_why:
-        parts.append(Text(m.oldest_why, overflow="fold"))
+        parts.append(Text(m.oldest_why + "\n", overflow="fold"))
     parts.append(consumers_table(m))
     if m.groups:
         parts.append(groups_table(m))
