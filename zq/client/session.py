@@ -107,9 +107,6 @@ def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int, in
     return bool(by_op)
 
 
-SETTLE_RESULTS = ("ok", "lost", "done", "unknown")
-
-
 def results_by_bookmark(answer: dict, bookmarks: list[int]) -> dict[int, str]:
     """A settle's REPLY (result -> bookmarks) as bookmark -> result."""
     out: dict[int, str] = {}
