@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from zq.core.engine import Engine
     from zq.core.queue import Queue
 
-_D_MASK = 0xFFFF
-_G_SHIFT = 32
 RETURNED_SCAN_MAX = 1_000_000  # returned messages looked through for one explain (a heap has no index)
 
 
@@ -30,9 +28,8 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     message's, when the journal holds it (None: no message has this bookmark)."""
     q: Queue = engine.queue(queue)  # type: ignore[attr-defined]
     out: dict[str, Any] = {"queue": queue, "bookmark": seq}
-    m = q.meta.get(seq, 0)
-    out["deliveries"], out["cancels"] = m & _D_MASK, (m >> 16) & _D_MASK
-    group = group_of(q, m, headers)
+    out["deliveries"], out["cancels"] = q.deliveries_of(seq), q.cancels_of(seq)
+    group = group_of(q, seq, headers)
     if group is not None:
         out["group"] = group
     lease = q.lease_of.get(seq)
@@ -42,7 +39,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         out["leased_to"] = {"consumer": sub.consumer, "name": engine.consumer_names.get(sub.consumer, ""),
                             "sub": sub.sub_id}
         out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
-        out["why"] = [f"delivery {m & _D_MASK} is out with {out['leased_to']['name'] or sub.consumer} "
+        out["why"] = [f"delivery {out['deliveries']} is out with {out['leased_to']['name'] or sub.consumer} "
                       f"until its lease ends in {out['lease_ends_in_ms']} ms (or it is acked, cancelled or expired)"]
         return out
     place = waiting_place(q, seq, group)
@@ -66,10 +63,11 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     return out
 
 
-def group_of(q: Queue, m: int, headers: dict[str, str] | None) -> str | None:
-    gid = m >> _G_SHIFT
-    if gid and gid in q.groups:
-        return q.groups[gid].name
+def group_of(q: Queue, seq: int, headers: dict[str, str] | None) -> str | None:
+    """The message's group: the engine's (delivered once), else its header's."""
+    name = q.group_name_of(seq)
+    if name is not None:
+        return name
     header = q.settings.group_header
     if headers is not None and header and q.grouped:
         return headers.get(header)

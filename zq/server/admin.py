@@ -155,9 +155,6 @@ def explain(server: AdminHost, peer: Peer, a: ExplainArgs, now: int) -> Any:
     out = explain_message(server.engine, a.queue, seq, now, msg.topic if msg else None, msg.headers if msg else None)
     if msg is not None:
         out["topic"], out["published_ms_ago"], out["msg_id"] = msg.topic, max(0, now - msg.ts_ms), msg.msg_id
-    leased_to = out.get("leased_to")
-    if leased_to is not None:
-        leased_to["name"] = holder_name(server.peers, leased_to["consumer"])
     out["history"], out["history_complete"] = history(server.journal, a.queue, seq, min(max(a.history, 0),
                                                                                        EXPLAIN_HISTORY_MAX))
     return out
