@@ -39,11 +39,30 @@ def test_stale_settles_are_sent_and_refused_and_explain_is_checked():
     assert sum(s.explained for s in sims) > 1000
 
 
+def test_retry_schedules_publish_delays_and_parked_groups_are_exercised():
+    """The delay checks ran on real cases: retries waiting for the schedule, cancels
+    naming their own delay, delayed publishes, and groups parked behind them."""
+    from zq.core import records as R
+
+    reasons: dict[str, int] = {}
+    parked = 0
+    for seed in range(1, 9):
+        sim = Simulator(seed, 800).run()
+        parked += sim.parked_checks
+        for ev in sim.journal.read_events(0):
+            if ev.kind == R.DELAYED:
+                reasons[ev.reason] = reasons.get(ev.reason, 0) + len(ev.bookmarks)
+    assert set(reasons) == {R.DELAY_BACKOFF, R.DELAY_REQUESTED, R.DELAY_PUBLISHED}, reasons
+    assert min(reasons.values()) > 20, reasons
+    assert parked > 100
+
+
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
-     "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned"],
+     "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned",
+     "retry-wakes-early", "parked-group-blocks-all"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -58,6 +77,18 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         original_place = explain_module.waiting_place
         monkeypatch.setattr(explain_module, "waiting_place",
                             lambda q, seq, group: None if seq in q.returned else original_place(q, seq, group))
+    elif bug == "retry-wakes-early":
+        original_advance = Queue.advance
+
+        def advance(self, now_ms, watermark):
+            self.wake_due(now_ms + 40)  # 40 ms early
+            original_advance(self, now_ms, watermark)
+
+        monkeypatch.setattr(Queue, "advance", advance)
+    elif bug == "parked-group-blocks-all":
+        original_can_go = Queue.group_can_go
+        monkeypatch.setattr(Queue, "group_can_go",
+                            lambda self, grp: not self.delayed and original_can_go(self, grp))
     elif bug == "fence-ignores-epochs":
         monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":
@@ -74,7 +105,7 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         monkeypatch.setattr(Queue, "ack", ack)
     else:
 
-        def end_lease_of(self, seq, kind):
+        def end_lease_of(self, seq, kind, now_ms=-1):
             lease, m = self.release(seq)  # ... and never puts it back
             return None
 

@@ -38,6 +38,7 @@ class TargetDepthMixin:
 
     scan: Callable[[int, int], list[R.Message]] | None
     next_seq: int
+    now_ms: int
 
     def covered_by(self, q: Queue, m: R.Message) -> bool:
         """Does ``m`` (read back from the journal) belong to ``q``?"""
@@ -82,6 +83,10 @@ class TargetDepthMixin:
                 gid = q.group_id(name)
         q.published -= 1  # counted when it was published, not again now
         q.enqueue(m.seq, gid)
+        if q.inactive_due:
+            due = q.inactive_due.pop(m.seq, 0)
+            if due > self.now_ms:  # its delay was journaled when it was published: not again
+                q.mark_delayed(m.seq, gid, due, R.DELAY_PUBLISHED, journal=False)
 
     def ack_inactive(self, q: Queue, sub: Subscription, seq: int) -> bool:
         """An unleased ack of a message still in the journal only: remember and journal it."""

@@ -156,13 +156,15 @@ class Engine(ManagementMixin, TargetDepthMixin):
         headers: dict[str, str] | None,
         now_ms: int,
         msg_id: str | None = None,
+        not_before_ms: int = 0,
     ) -> int:
         """Journal one message and enqueue it on every queue covering its topic.
 
         Returns its bookmark. Raises ProtocolError / LimitError for a bad message,
         before anything is journaled. (A batch of one: see ``publish_many``.)
         """
-        return self.publish_many(topic, [(payload, headers or {}, msg_id)], now_ms)[0]
+        return self.publish_many(topic, [(payload, headers or {}, msg_id)], now_ms,
+                                 not_before_ms=not_before_ms)[0]
 
     def publish_many(
         self,
@@ -170,12 +172,17 @@ class Engine(ManagementMixin, TargetDepthMixin):
         items: list[tuple[bytes, dict[str, str], str | None]],
         now_ms: int,
         max_message_bytes: int = limits.MESSAGE_BYTES_MAX,
+        not_before_ms: int = 0,
     ) -> list[int]:
         """Publish a batch atomically: every message is checked before any is journaled.
 
         Topic resolution, routing and the group-ceiling check happen once per batch.
+        ``not_before_ms`` (Unix ms): no message of the batch goes before then.
         """
         self.set_time(now_ms)
+        if not 0 <= not_before_ms <= self.now_ms + limits.DURATION_MS_MAX:
+            raise ProtocolError("a publish's not-before time must be 0..100 years from now")
+        due = not_before_ms if not_before_ms > self.now_ms else 0
         topic = self.resolve_topic(topic)
         check_topic(topic)
         max_bytes = min(max_message_bytes, limits.MESSAGE_BYTES_MAX)
@@ -192,12 +199,12 @@ class Engine(ManagementMixin, TargetDepthMixin):
             known = self.seen_ids(topic, items, queues, now_ms)
             if known:
                 fresh = [it for i, it in enumerate(items) if i not in known]
-                seqs = self.publish_fresh(topic, fresh, queues, now_ms) if fresh else []
+                seqs = self.publish_fresh(topic, fresh, queues, now_ms, due) if fresh else []
                 out, it = [], iter(seqs)
                 for i in range(len(items)):
                     out.append(known[i] if i in known else next(it))
                 return out
-        return self.publish_fresh(topic, items, queues, now_ms)
+        return self.publish_fresh(topic, items, queues, now_ms, due)
 
     def seen_ids(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
                  now_ms: int) -> dict[int, int]:
@@ -231,7 +238,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         return known
 
     def publish_fresh(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
-                      now_ms: int) -> list[int]:
+                      now_ms: int, due: int = 0) -> list[int]:
         named: dict[str, bool] = {}  # group header -> does any item carry it?
         for q in queues:
             if q.limited and q.settings.overflow == "reject":
@@ -254,8 +261,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
-            if q.barrier_fn is not None or q.ordered or q.tqd:
-                self.enqueue_each(q, topic, items, first)
+            if q.barrier_fn is not None or q.ordered or q.tqd or due:
+                self.enqueue_each(q, topic, items, first, due)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
                 q.enqueue_run(first, len(items))  # no message of the batch names a group
             elif q.grouped:
@@ -281,26 +288,32 @@ class Engine(ManagementMixin, TargetDepthMixin):
         return list(range(first, first + len(items)))
 
     def enqueue_each(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
-                     first: int) -> None:
+                     first: int, due: int = 0) -> None:
         """Enqueue one by one on a queue that judges each message (barrier, priority, sort
-        key, target depth)."""
+        key, target depth), or when they are delayed (``due``: Unix ms)."""
         accept, header = q.filter, q.settings.group_header
         for i, (payload, headers, _) in enumerate(items):
             if accept is not None and not accept(headers, payload, topic):
                 continue
-            self.enqueue_one(q, first + i, headers, payload, topic, header)
+            self.enqueue_one(q, first + i, headers, payload, topic, header, due)
 
     def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
-                    header: str | None) -> None:
+                    header: str | None, due: int = 0) -> None:
         if q.tqd and not q.admit(seq):
+            if due:  # journaled below; kept here until the message is read back in
+                q.inactive_due[seq] = due
+                q.delays_out.append((seq, 0, due, R.DELAY_PUBLISHED))
             return  # journal-only for now: read back as the queue drains
         if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
             q.enqueue(seq, 0)
             q.barriers.append(seq)
-            return
+            return  # a barrier goes when everything before it is acked: a delay has no meaning
         name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
         level = q.level_fn(headers, payload, topic) if q.level_fn is not None else 0
-        q.enqueue(seq, q.group_id(name) if name is not None else 0, level)
+        gid = q.group_id(name) if name is not None else 0
+        q.enqueue(seq, gid, level)
+        if due and not q.browse:  # browsers see every message at once: nothing is leased
+            q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
 
     def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
         """overflow = "reject": refuse the whole batch before anything is journaled."""
@@ -601,7 +614,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         return refused
 
     def settle(self, op: str, sub_id: str, seqs: list[int], epochs: list[int] | None, now_ms: int,
-               extra_ms: int = 0) -> dict[str, list[int]]:
+               extra_ms: int = 0, delay_ms: int = -1) -> dict[str, list[int]]:
         """Ack, cancel, expire or extend (``extra_ms``) with fencing: each bookmark's
         ``epochs`` entry is the delivery count it was delivered with, and a settle
         naming a delivery that is no longer live is not applied. Returns the bookmarks
@@ -620,7 +633,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if epochs:
                 seqs, stale = q.fence(sub, seqs, epochs)
             if op == "cancel":
-                refused = self.cancel(sub_id, seqs, now_ms)
+                refused = self.cancel(sub_id, seqs, now_ms, delay_ms)
             elif op == "expire":
                 refused = self.expire(sub_id, seqs, now_ms)
             else:
@@ -635,10 +648,15 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q.lost_settles += len(lost)
         return results
 
-    def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
+    def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int, delay_ms: int = -1) -> list[int]:
+        """Cancel deliveries: each message goes again after the queue's retry schedule,
+        or after ``delay_ms`` (0: at once; -1: the schedule)."""
         self.set_time(now_ms)
+        if not -1 <= delay_ms <= limits.DURATION_MS_MAX:
+            raise ProtocolError(f"a cancel's delay must be 0..{limits.DURATION_MS_MAX} ms (-1: the queue's backoff)")
         sub = self.sub(sub_id)
-        return [seq for seq in seqs if sub.queue.cancel(sub, seq) is not None]
+        now = self.now_ms
+        return [seq for seq in seqs if sub.queue.cancel(sub, seq, now, delay_ms) is not None]
 
     def expire(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
         self.set_time(now_ms)
@@ -684,7 +702,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if oldest is not None:
             i = bisect_right(self.ti_seq, oldest) - 1
             best = self.ti_ms[i] + e if i >= 0 else self.now_ms + e
-        if q.ready or q.groups and q.any_group_pending() or q.ordered and q.returned:
+        if q.ready or q.groups and q.any_group_pending() or q.ordered and q.returned or q.sleeping:
             sweep = max(q.group_sweep_due_ms, self.now_ms + 1)
             best = sweep if best is None else min(best, sweep)
         return best
@@ -786,6 +804,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
         q.dead_lettered += 1
 
     def flush_events(self, q: Queue) -> None:
+        if q.delays_out:
+            self.flush_delays(q)
         if not q.events_out:
             return
         events, q.events_out = q.events_out, {}
@@ -794,6 +814,17 @@ class Engine(ManagementMixin, TargetDepthMixin):
             ds = [d for _, d in batch]
             self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason,
                                         self.consumer_names.get(consumer, "")))
+
+    def flush_delays(self, q: Queue) -> None:
+        """Journal this step's delays, one ``delayed`` event per reason: after a restart
+        a message waits for the rest of its time, not again from the start."""
+        delays, q.delays_out = q.delays_out, []
+        by_reason: dict[str, list[tuple[int, int, int, str]]] = {}
+        for item in delays:
+            by_reason.setdefault(item[3], []).append(item)
+        for reason, items in by_reason.items():
+            self.records.append(R.Event(self.take_seq(), self.now_ms, R.DELAYED, q.name, "", [it[0] for it in items],
+                                        [it[1] for it in items], reason, "", [it[2] for it in items]))
 
     def write_recovery_points(self) -> None:
         lowest = self.next_seq
@@ -838,6 +869,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "dead_lettered": q.dead_lettered,
                 "redelivered": q.redelivered,
                 "lost": q.lost_settles,
+                "delayed": len(q.delayed) + len(q.inactive_due),
+                "retries_delayed": q.retries_delayed,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
@@ -937,11 +970,12 @@ class Engine(ManagementMixin, TargetDepthMixin):
                                        "`zq queue create` it again to replace it")
         done: dict[str, set[int]] = {name: set() for name in eng.queues}
         counts: dict[str, dict[int, list[int]]] = {name: {} for name in eng.queues}
+        delays: dict[str, dict[int, int]] = {name: {} for name in eng.queues}
         for ev in events:
             q = eng.queues.get(ev.queue)
             if q is None:
                 continue
-            fold_event(q, ev, done[ev.queue], counts[ev.queue])
+            fold_event(q, ev, done[ev.queue], counts[ev.queue], delays[ev.queue])
         starts = {name: max(recovery_points.get(name, q.settings.start_seq), q.settings.start_seq)
                   for name, q in eng.queues.items()}
         for msg in messages:
@@ -953,7 +987,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     m = msg if msg.copy_of is None else eng.message(msg.seq)
                     if m is None or not q.filter(m.headers, m.payload, m.topic):
                         continue
+                due = delays[q.name].get(msg.seq, 0)
                 if q.tqd and not q.admit(msg.seq):
+                    if due:
+                        q.inactive_due[msg.seq] = due
                     continue  # stays in the journal: read in as the queue drains
                 gid = 0
                 barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
@@ -977,6 +1014,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 c = counts[q.name].get(msg.seq)
                 if c is not None:
                     q.restore_counts(msg.seq, gid, c[0], c[1])
+                if due and not barrier and not q.browse:  # it waits for the rest of its time (advance wakes it)
+                    q.mark_delayed(msg.seq, gid, due, R.DELAY_BACKOFF, journal=False)
         for q in eng.queues.values():
             q.published = 0
             if q.inactive:  # acknowledged before they were read in: skip them when they are
@@ -987,11 +1026,16 @@ class Engine(ManagementMixin, TargetDepthMixin):
         return eng
 
 
-def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int]]) -> None:
+def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int]], delays: dict[int, int]) -> None:
     kind = ev.kind
     if kind in (R.ACKED, R.EXPIRED) or (kind == R.LEASED and q.at_most_once):
         done.update(ev.bookmarks)
+    elif kind == R.DELAYED:
+        delays.update(zip(ev.bookmarks, ev.due_ms))
     elif kind == R.LEASED:
+        if delays:
+            for seq in ev.bookmarks:
+                delays.pop(seq, None)  # delivered since: that delay is over
         for seq, d in zip(ev.bookmarks, ev.deliveries):
             c = counts.get(seq)
             if c is None:

@@ -59,7 +59,11 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         return out
     out["state"] = "waiting"
     out["place"] = place
-    out["why"] = waiting_reasons(engine, q, seq, group, place)
+    due = q.due_of(seq)
+    if due is not None:
+        out["not_before_ms"] = due
+        out["due_in_ms"] = max(0, due - now_ms)
+    out["why"] = waiting_reasons(engine, q, seq, group, place, now_ms)
     return out
 
 
@@ -79,6 +83,8 @@ def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
     queue the places hold ranks (``q.ranks``), and the fifo stays empty."""
     if seq in q.removed:
         return None
+    if q.sleeping and (q.ranks.get(seq, -1) if q.ordered else seq) in q.sleeping:
+        return "delayed"
     if q.ordered:
         for i, key in enumerate(q.returned):
             if i >= RETURNED_SCAN_MAX:
@@ -105,8 +111,13 @@ def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
     return None
 
 
-def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place: str) -> list[str]:
+def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place: str,
+                    now_ms: int = 0) -> list[str]:
     why: list[str] = []
+    due = q.due_of(seq)
+    if due is not None:
+        what = "its retry" if q.deliveries_of(seq) else "the time it was published for"
+        why.append(f"waits for {what}: not before {due} (Unix ms), in {max(0, due - now_ms)} ms")
     if q.barriers and q.barriers[0] < seq:
         why.append(f"behind barrier message {q.barriers[0]}: nothing later goes until every earlier message is acked")
     if place == "set-aside":
@@ -118,6 +129,10 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
         if place == "group" and g.has_pending() and g.pending[g.phead] != seq:
             ahead = len(g.pending) - g.phead
             why.append(f"behind older messages of its group {group!r} ({ahead} of them wait in order)")
+            head_due = q.due_of(g.pending[g.phead])
+            if head_due is not None:
+                why.append(f"its group {group!r} is parked: its oldest message {g.pending[g.phead]} waits for its "
+                           f"time (in {max(0, head_due - now_ms)} ms); other groups go on")
         if g.inflight and q.held_while_busy:
             why.append(f"its group {group!r} is held by {who} with {g.inflight} in flight (sequenced: no one else "
                        "takes the group until its holder holds none of it)")

@@ -43,6 +43,12 @@ number to its lease. Lease deadlines of one queue grow monotonically (constant
 lease period, monotonic time), so expiry walks a deque from the front; extended
 leases, whose deadlines are arbitrary, go to a small heap.
 
+Delayed messages (a retry's backoff, a publish's delay) wait in their usual places and
+are marked in ``delayed`` (seq -> due ms) with a timer heap, ``delay_heap``. Dispatch
+moves a marked message it meets into its group's pending list (where, as the group's
+head, it *parks* the group: that group waits, no other does) or, ungrouped, into
+``sleeping``; ``advance`` wakes it at its due time, back into its original place.
+
 Per-message counters (deliveries, cancels, group) exist only for messages that have
 been delivered at least once, packed into one int in ``meta``.
 
@@ -238,6 +244,14 @@ class Queue:
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = 0
         self.lost_settles = 0  # fenced settles not applied: their delivery was no longer live
+        # Delays (retry backoff, publish delay): see the module docstring.
+        self.delayed: dict[int, tuple[int, int]] = {}  # seq -> (due ms, group id)
+        self.delay_heap: list[tuple[int, int]] = []  # (due ms, seq); entries no longer in ``delayed`` are stale
+        self.sleeping: set[int] = set()  # ranks of delayed messages of no group that dispatch set aside
+        self.delays_out: list[tuple[int, int, int, str]] = []  # this step's: seq, deliveries, due ms, reason
+        self.inactive_due: dict[int, int] = {}  # TargetQueueDepth: delays of journal-only messages
+        self.retries_delayed = 0  # returns that waited for the retry schedule (stats)
+        self.backoff = s.backoff_ms
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
@@ -367,6 +381,13 @@ class Queue:
                     self.expire_waiting(seq, gid, R.REASON_EXPIRED)
                     continue
                 grp = groups[gid] if gid else None
+                if self.delayed and seq in self.delayed:
+                    self.head += 1  # not yet: it waits in its group (parking it) or asleep
+                    if grp is not None:
+                        self.park(grp, seq)
+                    else:
+                        self.sleeping.add(seq)
+                    continue
                 if grp is not None and (grp.has_pending() or not self.group_can_go(grp)):
                     self.head += 1
                     self.park(grp, seq)
@@ -381,6 +402,14 @@ class Queue:
                 self.head += 1
             elif r < g:
                 seq = r & SEQ_MASK  # r itself in a FIFO queue
+                if self.delayed and seq in self.delayed:
+                    heapq.heappop(returned)  # a publish's delay (ordered queues enqueue into the heap)
+                    if seq == self.heap_oldest:
+                        self.heap_oldest = None
+                    if ordered:
+                        self.ranks[seq] = r
+                    self.sleeping.add(r)
+                    continue
                 live = not (removed and seq in removed) and seq > watermark
                 sub = None
                 if live:
@@ -460,6 +489,8 @@ class Queue:
     def group_can_go(self, grp: Group) -> bool:
         if grp.held:
             return False
+        if self.delayed and grp.phead < len(grp.pending) and grp.pending[grp.phead] in self.delayed:
+            return False  # parked: its head waits for its time, and the group behind it
         if self.owned:
             owner = grp.owner
             return owner is None or owner.used < owner.backlog
@@ -575,6 +606,8 @@ class Queue:
             return False
         if self.lease_of and min(self.lease_of) < b:
             return True
+        if self.delayed and min(self.delayed) < b:
+            return True  # an earlier message waits for its retry: it is not acknowledged either
         self.barriers.pop(0)
         self.head += 1  # ungrouped and never leased: it is the fifo's head
         self.depth -= 1
@@ -890,6 +923,8 @@ class Queue:
     def finish(self, seq: int, gid: int) -> None:
         """The message leaves the queue for good."""
         self.meta.pop(seq, None)
+        if self.delayed:
+            self.delayed.pop(seq, None)
         if self.ordered:
             self.ranks.pop(seq, None)
         if self.sizes is not None:
@@ -1019,7 +1054,9 @@ class Queue:
             return "done"
         return "unknown"
 
-    def cancel(self, sub: Subscription, seq: int) -> str | None:
+    def cancel(self, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: int = -1) -> str | None:
+        """Cancel (nack) a delivery: the message goes again after the queue's retry
+        schedule, or after ``delay_ms`` when the cancel names one (0: at once)."""
         if self.browse:
             return self.browse_settle(sub, seq)
         lease = self.lease_of.get(seq)
@@ -1038,7 +1075,7 @@ class Queue:
         if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
             self.expire_leased(seq, m, R.REASON_MAX_CANCELS)
         else:
-            self.come_back(seq, m)
+            self.come_back(seq, m, now_ms, delay_ms)
         return None
 
     def expire_request(self, sub: Subscription, seq: int) -> str | None:
@@ -1072,25 +1109,87 @@ class Queue:
             heapq.heappush(self.lease_heap, (deadline_ms, self.lease_tiebreak, lease))
         return refused
 
-    def end_lease_of(self, seq: int, kind: str) -> None:
-        """A lease ends without an answer (expiry, unsubscribe, consumer gone)."""
+    def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
+        """A lease ends without an answer (expiry, unsubscribe, consumer gone). With
+        ``now_ms`` (a lease expiry) the retry schedule applies; a consumer that went away
+        says nothing about the message, which goes again at once."""
         lease, m = self.release(seq)
         self.note_event(kind, lease.sub.consumer, seq, m & _D_MASK)
         if self.at_most_once:
             self.finish(seq, m >> _G_SHIFT)
             return
-        self.come_back(seq, m)
+        self.come_back(seq, m, now_ms)
 
-    def come_back(self, seq: int, m: int) -> None:
-        """A delivery ended unfinished: expire if out of deliveries, else wait again."""
+    def come_back(self, seq: int, m: int, now_ms: int = -1, delay_ms: int = -1) -> None:
+        """A delivery ended unfinished: expire if out of deliveries, else wait again:
+        at once, or (with ``now_ms`` >= 0) after ``delay_ms`` or the queue's retry schedule."""
         max_deliveries = self.settings.max_deliveries
         if max_deliveries and m & _D_MASK >= max_deliveries:
             self.expire_leased(seq, m, R.REASON_MAX_DELIVERIES)
-        else:
-            self.put_back(seq, m)
+            return
+        if now_ms >= 0:
+            reason = R.DELAY_REQUESTED
+            if delay_ms < 0:
+                delay_ms = self.retry_delay_ms(seq, m & _D_MASK) if self.backoff else 0
+                reason = R.DELAY_BACKOFF
+            if delay_ms > 0:
+                self.put_back(seq, m, now_ms + delay_ms, reason)
+                return
+        self.put_back(seq, m)
 
-    def put_back(self, seq: int, m: int) -> None:
-        """Return a message to its original place among the waiting ones."""
+    def retry_delay_ms(self, seq: int, deliveries: int) -> int:
+        """The schedule's wait after delivery ``deliveries`` failed, spread by the
+        jitter. The spread is a hash of (message, delivery), not a random draw: the
+        engine stays deterministic, and retries of many messages still spread out."""
+        steps = self.backoff
+        base = steps[min(max(deliveries, 1), len(steps)) - 1]
+        spread = int(base * self.settings.backoff_jitter)
+        if spread <= 0:
+            return base
+        h = ((seq * 0x9E3779B97F4A7C15) ^ (deliveries * 0xBF58476D1CE4E5B9)) & 0xFFFFFFFF
+        return base - spread + ((h * (2 * spread + 1)) >> 32)
+
+    def mark_delayed(self, seq: int, gid: int, due_ms: int, reason: str, journal: bool = True) -> None:
+        """``seq``, waiting in its place, may not go before ``due_ms``."""
+        self.delayed[seq] = (due_ms, gid)
+        heapq.heappush(self.delay_heap, (due_ms, seq))
+        if journal:
+            self.delays_out.append((seq, self.meta.get(seq, 0) & _D_MASK, due_ms, reason))
+        self.dirty = True
+
+    def wake_due(self, now_ms: int) -> None:
+        """Delayed messages whose time came go back to their places."""
+        heap, delayed = self.delay_heap, self.delayed
+        while heap and heap[0][0] <= now_ms:
+            due, seq = heapq.heappop(heap)
+            entry = delayed.get(seq)
+            if entry is None or entry[0] != due:
+                continue  # settled, removed or delayed again since
+            del delayed[seq]
+            self.dirty = True
+            gid = entry[1]
+            if gid:
+                grp = self.groups.get(gid)
+                if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
+                    self.group_became_pending(grp)  # the parked group goes on
+                continue
+            key = self.ranks.get(seq, -1) if self.ordered else seq
+            if key in self.sleeping:  # else still in the fifo (or heap), unreached: it simply goes
+                self.sleeping.discard(key)
+                if self.ordered:
+                    del self.ranks[seq]
+                    if self.heap_oldest is not None and seq < self.heap_oldest:
+                        self.heap_oldest = seq
+                heapq.heappush(self.returned, key)
+
+    def due_of(self, seq: int) -> int | None:
+        """When a delayed message may go (Unix ms), or None."""
+        entry = self.delayed.get(seq)
+        return entry[0] if entry is not None else None
+
+    def put_back(self, seq: int, m: int, due_ms: int = 0, reason: str = "") -> None:
+        """Return a message to its original place among the waiting ones (not to go
+        before ``due_ms``, when given)."""
         if seq <= self.expired_watermark:
             self.expire_leased(seq, m, R.REASON_EXPIRED)
             return
@@ -1104,6 +1203,13 @@ class Queue:
         self.depth += 1
         self.dirty = True
         gid = m >> _G_SHIFT
+        if due_ms > 0:
+            self.mark_delayed(seq, gid, due_ms, reason)
+            if reason == R.DELAY_BACKOFF:
+                self.retries_delayed += 1
+            if not gid:
+                self.sleeping.add(self.ranks[seq] if self.ordered else seq)  # ranks keeps it: outside the heap
+                return
         if not gid:
             if self.ordered:
                 heapq.heappush(self.returned, self.ranks.pop(seq))
@@ -1135,7 +1241,7 @@ class Queue:
         """Expire a message already taken out of its waiting place."""
         m = self.meta.get(seq, 0)
         name = self.groups[gid].name if gid else None
-        self.finish(seq, gid)
+        self.finish(seq, gid)  # (a delayed one is no longer)
         self.expired_out.append((seq, reason, m & _D_MASK, name))
         self.expired += 1
 
@@ -1148,6 +1254,17 @@ class Queue:
         ``groups`` and ``zq top`` agree with a purge at once."""
         if seq in self.removed or seq in self.lease_of:
             return False
+        parked = 0  # the group this message parks (as its delayed head), to go on without it
+        if self.delayed and seq in self.delayed:
+            _, parked = self.delayed.pop(seq)
+            key = self.ranks.get(seq, -1) if self.ordered else seq
+            if key in self.sleeping:
+                self.sleeping.discard(key)
+                self.depth -= 1
+                self.finish(seq, 0)
+                self.dirty = True
+                return True
+            known_waiting = True
         if not known_waiting and not self.is_waiting(seq):
             return False
         key = self.ranks.get(seq) if self.ordered else seq
@@ -1171,6 +1288,10 @@ class Queue:
         if gid and gid in self.groups:
             self.groups[gid].count -= 1
             self.removed_gid[seq] = gid
+        if parked:
+            grp = self.groups.get(parked)
+            if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
+                self.group_became_pending(grp)  # dispatch drops the removed head and goes on
         self.depth -= 1
         if seq == self.heap_oldest:
             self.heap_oldest = None
@@ -1179,8 +1300,10 @@ class Queue:
         return True
 
     def is_waiting(self, seq: int) -> bool:
-        if self.ordered:  # parked, set aside or leased (the caller excludes leased), or in the heap
+        if self.ordered:  # parked, set aside, asleep or leased (the caller excludes leased), or in the heap
             return seq in self.ranks or any(k & SEQ_MASK == seq for k in self.returned)
+        if seq in self.sleeping:
+            return True
         i = bisect_left(self.fifo, seq, lo=self.head)
         if i < len(self.fifo) and self.fifo[i] == seq:
             return True
@@ -1216,20 +1339,22 @@ class Queue:
         """Expire leases that ended and messages that grew too old."""
         self.expired_watermark = watermark
         lease_fifo = self.lease_fifo
+        if self.delay_heap and self.delay_heap[0][0] <= now_ms:
+            self.wake_due(now_ms)
         while lease_fifo and (lease_fifo[0].live == 0 or lease_fifo[0].deadline_ms <= now_ms):
-            self.expire_lease(lease_fifo.popleft())
+            self.expire_lease(lease_fifo.popleft(), now_ms)
         heap = self.lease_heap
         while heap and (heap[0][2].live == 0 or heap[0][0] <= now_ms):
-            self.expire_lease(heapq.heappop(heap)[2])
+            self.expire_lease(heapq.heappop(heap)[2], now_ms)
         if watermark >= 0 and self.depth:
             self.expire_old_waiting(watermark, now_ms)
 
-    def expire_lease(self, lease: Lease) -> None:
+    def expire_lease(self, lease: Lease, now_ms: int) -> None:
         if lease.live == 0:
             return
         for seq in lease.seqs:
             if self.lease_of.get(seq) is lease:
-                self.end_lease_of(seq, R.LEASE_EXPIRED)
+                self.end_lease_of(seq, R.LEASE_EXPIRED, now_ms)
 
     def expire_old_waiting(self, watermark: int, now_ms: int) -> None:
         """Expire too-old messages wherever they wait; no subscriber needed.
@@ -1263,10 +1388,17 @@ class Queue:
         self.group_sweep_due_ms = now_ms + limits.EXPIRY_SWEEP_INTERVAL_MS
         if self.ordered:
             self.expire_heap(watermark)
+        if self.sleeping:
+            for key in sorted(k for k in self.sleeping if k & SEQ_MASK <= watermark):
+                self.sleeping.discard(key)
+                self.depth -= 1
+                self.expire_waiting(key & SEQ_MASK, 0, R.REASON_EXPIRED)
         for grp in list(self.groups.values()):
+            popped = False
             while grp.has_pending() and grp.pending[grp.phead] <= watermark:
                 seq = grp.pending[grp.phead]
                 grp.phead += 1
+                popped = True
                 if seq in self.removed:
                     self.drop_removed(seq, grp.gid)
                     continue
@@ -1274,6 +1406,8 @@ class Queue:
                 self.expire_waiting(seq, grp.gid, R.REASON_EXPIRED)
             if grp.gid in self.groups:
                 self.after_group_pop(grp)
+                if popped and grp.has_pending():
+                    self.group_became_pending(grp)  # an expired head may have parked it
                 self.maybe_forget_group(grp)
         self.compact()
         self.dirty = True
@@ -1330,6 +1464,9 @@ class Queue:
         if self.lease_heap:
             d = self.lease_heap[0][0]
             best = d if best is None else min(best, d)
+        if self.delay_heap:
+            d = self.delay_heap[0][0]
+            best = d if best is None else min(best, d)
         return best
 
     # ------------------------------------------------------- subscriptions
@@ -1369,7 +1506,8 @@ class Queue:
     def waiting(self) -> Iterator[int]:
         """Waiting sequence numbers in delivery order (read-only view, for peek); in an
         ordered queue, by rank (a group's messages by their own ranks)."""
-        sources = [iter(self.fifo[self.head:]), heap_in_order(self.returned), iter(self.live_skipped())]
+        sources = [iter(self.fifo[self.head:]), heap_in_order(self.returned), iter(self.live_skipped()),
+                   iter(sorted(self.sleeping))]
         if self.ordered:
             ranks = self.ranks
             sources += [iter(sorted(ranks[s] for s in g.pending[g.phead:])) for g in self.groups.values()
@@ -1402,6 +1540,8 @@ class Queue:
                 sources.append(zip(fifo[lo:hi], repeat(0)))
         if not gid and self.returned:  # the heap holds messages of no group only
             sources.append(iter(sorted((s, 0) for s in (k & SEQ_MASK for k in self.returned) if after < s < end)))
+        if not gid and self.sleeping:  # so does ``sleeping``
+            sources.append(iter(sorted((s, 0) for s in (k & SEQ_MASK for k in self.sleeping) if after < s < end)))
         if self.skipped:
             gone = self.skip_gone
             sources.append(iter(sorted((k & SEQ_MASK, g) for k, g in zip(self.skipped, self.skipped_gid)
@@ -1430,6 +1570,14 @@ class Queue:
 
     def oldest_waiting_ungrouped(self) -> int | None:
         """Oldest waiting message outside group pending lists (for expiry timers)."""
+        best = self.oldest_ungrouped_awake()
+        if self.sleeping:
+            asleep = min(k & SEQ_MASK for k in self.sleeping)
+            if best is None or asleep < best:
+                best = asleep
+        return best
+
+    def oldest_ungrouped_awake(self) -> int | None:
         if self.ordered:
             best = self.oldest_in_heap()
             gone = self.skip_gone
@@ -1463,6 +1611,7 @@ class Queue:
     def waiting_set(self) -> set[int]:
         """Waiting sequence numbers, unordered (for checkers: cheaper than ``waiting``)."""
         out = set(self.fifo[self.head:])
+        out.update(k & SEQ_MASK for k in self.sleeping)
         if self.ordered:
             out.update(k & SEQ_MASK for k in self.returned)
             out.update(k & SEQ_MASK for k in self.live_skipped())

@@ -24,7 +24,15 @@ CANCELLED = "cancelled"
 LEASE_EXPIRED = "lease-expired"
 RETURNED = "returned"
 EXPIRED = "expired"  # removed; ``reason`` says why, dead-lettered if the queue says so
-EVENT_KINDS = (LEASED, ACKED, CANCELLED, LEASE_EXPIRED, RETURNED, EXPIRED)
+# Waits until ``due_ms`` before it goes (again): a retry's backoff, or a publish's delay.
+# Recovery honours the newest one not followed by a delivery.
+DELAYED = "delayed"
+EVENT_KINDS = (LEASED, ACKED, CANCELLED, LEASE_EXPIRED, RETURNED, EXPIRED, DELAYED)
+
+# Delay reasons (the ``reason`` of a ``delayed`` event).
+DELAY_BACKOFF = "backoff"  # the queue's retry schedule, after a cancel or a lease expiry
+DELAY_REQUESTED = "requested"  # the cancel named its own delay
+DELAY_PUBLISHED = "published"  # published with a delay / not-before time
 
 # Expiry reasons (also the ``zq.reason`` header of a dead letter).
 REASON_MAX_CANCELS = "max-cancels"
@@ -61,6 +69,7 @@ class Event(msgspec.Struct, array_like=True, gc=False, tag="e"):
     deliveries: list[int]
     reason: str = ""
     consumer_name: str = ""  # the name the consumer gave at HELLO (appended: older records decode with "")
+    due_ms: list[int] = []  # ``delayed``: when each bookmark may go (Unix ms); appended, [] elsewhere
 
 
 class QueueDeclared(msgspec.Struct, array_like=True, gc=False, tag="q"):

@@ -65,6 +65,10 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     resume_percent: int = 90  # flow-control: confirmations flow again below this % of the limits
     leasing: str = "strict"  # "shared": ack-by-filter may also take leased messages
     dedup_window_ms: int = DEDUP_WINDOW_MS_DEFAULT  # a message id seen this recently on the topic enqueues nothing (0: off)
+    # Retry schedule: after its n-th delivery is cancelled or its lease expires, a message
+    # waits backoff_ms[n-1] (the last entry from then on) before it goes again; [] = at once.
+    backoff_ms: list[int] = []
+    backoff_jitter: float = 0.1  # each wait is spread by up to this fraction either way
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:
@@ -161,6 +165,13 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: dedup_window must not be negative")
         if self.expiration_ms < 0:
             raise ConfigError(f"{where}: expiration must not be negative")
+        if len(self.backoff_ms) > limits.BACKOFF_STEPS_MAX:
+            raise ConfigError(f"{where}: backoff has at most {limits.BACKOFF_STEPS_MAX} steps")
+        for ms in self.backoff_ms:
+            if type(ms) is not int or not 0 <= ms <= limits.DURATION_MS_MAX:
+                raise ConfigError(f"{where}: each backoff step must be 0..100 years")
+        if not 0.0 <= self.backoff_jitter <= 1.0:  # NaN fails too
+            raise ConfigError(f"{where}: backoff_jitter must be 0..1, got {self.backoff_jitter!r}")
         if not 1 <= self.max_groups <= 1 << 31:
             raise ConfigError(f"{where}: max_groups must be 1..2**31")
         return self

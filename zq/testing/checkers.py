@@ -13,6 +13,8 @@ the safety properties zq promises after every step:
 * an exclusive group is never split across live consumers, and goes in order;
 * a queue with a target depth never holds more than that many messages in memory,
   and every message it does not hold is in its journal-only part;
+* a delayed message (a retry's backoff, a publish's delay) is not delivered before the
+  time its ``delayed`` event names;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
   message waits (checked per step, for queues without content-filtered subscribers);
 * the engine's own structures agree with each other (``check_engine``).
@@ -45,6 +47,7 @@ class QueueView:
     barriers: set[int] = field(default_factory=set)  # barrier messages not yet released
     browse: bool = False  # browse_only: nothing is leased, messages stay until they expire
     ranks: dict[int, int] = field(default_factory=dict)  # ordered queues: seq -> rank
+    due: dict[int, int] = field(default_factory=dict)  # delayed: seq -> not before (ms)
 
 
 class Oracle:
@@ -79,8 +82,10 @@ class Oracle:
         if q is None or not q.ordered or q.filtered:
             return
         out = set(leased)
+        now = engine.now_ms  # a message waiting for its time is not eligible yet
         waiting = [view.ranks[s] for s in view.open
-                   if s not in view.held and s not in out and view.confirmed.get(s) is None and s in view.ranks]
+                   if s not in view.held and s not in out and view.confirmed.get(s) is None and s in view.ranks
+                   and view.due.get(s, 0) <= now]
         if not waiting:
             return
         best_waiting = min(waiting)
@@ -144,6 +149,8 @@ class Oracle:
                 self.finish(view, seq)
             elif kind in (R.CANCELLED, R.LEASE_EXPIRED, R.RETURNED):
                 view.held.pop(seq, None)
+        if kind == R.DELAYED:
+            view.due.update(zip(ev.bookmarks, ev.due_ms))
 
     def on_leased(self, view: QueueView, ev: R.Event, seq: int) -> None:
         self.deliveries += 1
@@ -151,6 +158,9 @@ class Oracle:
             raise InvariantError(f"{ev.queue}: acked message {seq} delivered again to {ev.consumer}")
         if seq in view.held:
             raise InvariantError(f"{ev.queue}: {seq} leased to {ev.consumer} while held by {view.held[seq]}")
+        due = view.due.pop(seq, None)
+        if due is not None and ev.ts_ms < due:
+            raise InvariantError(f"{ev.queue}: {seq} delivered at {ev.ts_ms}, before its time {due}")
         if seq not in view.confirmed:
             raise InvariantError(f"{ev.queue}: delivered {seq}, which was never confirmed in this queue")
         if view.barriers and min(view.barriers) < seq:
@@ -168,6 +178,7 @@ class Oracle:
     @staticmethod
     def finish(view: QueueView, seq: int) -> None:
         view.finished.add(seq)
+        view.due.pop(seq, None)
         view.open.discard(seq)
         view.barriers.discard(seq)  # a barrier that expired, was purged or replaced is gone too
         group = view.confirmed.get(seq)

@@ -60,6 +60,7 @@ class SimOptions:
     p_crash: float
     p_crash_before_commit: float
     max_jump_ms: int
+    p_delay: float = 0.0  # a publish waits (not-before) up to 500 ms
 
     @classmethod
     def draw(cls, seed: int, steps: int) -> "SimOptions":
@@ -89,6 +90,9 @@ class SimOptions:
                     barrier=rng.choice([None, None, None, "color = 'green' AND group IS NULL"]),
                 )
             )
+            if rng.random() < 0.5:  # a retry schedule: cancels and lease expiries wait before the next try
+                queues[-1] = msgspec.structs.replace(queues[-1], backoff_ms=rng.choice([[30], [20, 100, 400]]),
+                                                     backoff_jitter=rng.choice([0.0, 0.5]))
             if semantics == "at-least-once" and rng.random() < 0.15:
                 queues[-1] = msgspec.structs.replace(queues[-1], browse_only=True, barrier=None)
             elif rng.random() < 0.3:  # an ordered queue: by the "prio" header
@@ -118,6 +122,7 @@ class SimOptions:
             p_crash=rng.choice([0.0, 0.005, 0.02]),
             p_crash_before_commit=rng.choice([0.0, 0.5]),
             max_jump_ms=rng.choice([5, 50, 400]),
+            p_delay=rng.choice([0.0, 0.1, 0.4]),
         )
 
 
@@ -147,6 +152,7 @@ class Simulator:
         self.delivered = 0  # every message sent to a worker (leased, browsed or a barrier)
         self.stale_settles = 0  # settles naming a delivery no longer live, refused (the fence at work)
         self.explained = 0  # messages whose explain was checked against the oracle
+        self.parked_checks = 0  # steps where a parked group was checked not to block the others
         self.step_no = 0
 
     # ------------------------------------------------------------- running
@@ -207,6 +213,7 @@ class Simulator:
             if not (w.pull and w.destructive):
                 w.held.extend((s, n) for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
         self.oracle.check(self.engine)
+        self.check_delays()
         self.check_explain()
         for s in self.options.queues:
             q = self.engine.queues[s.name]
@@ -217,6 +224,33 @@ class Simulator:
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
+
+    def check_delays(self) -> None:
+        """Retry times are honoured within a tick: nothing still waits for a time that has
+        come (``advance`` woke it). Delivery before its time is the oracle's check. And a
+        parked group never blocks another: with a consumer free to take it, no group
+        that could go is left waiting while others are parked."""
+        for q in self.engine.queues.values():
+            if not q.delayed:
+                continue
+            late = sorted(seq for seq, (due, _) in q.delayed.items() if due <= self.now_ms)
+            if late:
+                raise InvariantError(f"{q.name}: {late[:5]} still wait for a time that has come (now {self.now_ms}: "
+                                     f"{[q.delayed[s][0] for s in late[:5]]})")
+            if q.filtered or q.browse or q.barriers or not q.grouped:
+                continue
+            if not any(s.used < s.backlog for s in q.subs):
+                continue
+            self.parked_checks += 1
+            for grp in q.groups.values():
+                if not grp.has_pending():
+                    continue
+                head = grp.pending[grp.phead]
+                if head in q.delayed or head in q.removed or head <= q.expired_watermark:
+                    continue
+                if q.group_can_go(grp):
+                    raise InvariantError(f"{q.name}: group {grp.name} could go (head {head}) but waits while "
+                                         f"{sorted(q.delayed)[:5]} are delayed")
 
     def check_explain(self) -> None:
         """``zq explain`` must agree with the truth: for a few messages of each step, its
@@ -258,6 +292,7 @@ class Simulator:
         self.engine = recover_engine(self.journal, self.options.queues)
         self.oracle.forget_holders()
         self.workers.clear()  # every connection died with the server
+        self.engine.advance(self.now_ms)  # as the server's loop does before its first drain
         out = self.engine.drain(self.now_ms)  # recovery may expire exhausted messages
         self.journal.append(out.records)
         self.commit(out)
@@ -290,8 +325,11 @@ class Simulator:
             prio = self.rng.choice(PRIORITIES)
             if prio is not None:
                 headers["prio"] = prio
+            not_before = 0
+            if self.rng.random() < self.options.p_delay:
+                not_before = self.now_ms + self.rng.randint(1, 500)
             try:
-                self.engine.publish(topic, b"x", headers, self.now_ms)
+                self.engine.publish(topic, b"x", headers, self.now_ms, not_before_ms=not_before)
             except QueueFullError:
                 pass  # refused whole, nothing journaled: the oracle never hears of it
 
@@ -313,11 +351,13 @@ class Simulator:
             op, extra_ms = "extend", rng.choice([100, 2000])
         else:
             return  # slow worker: holds on (its leases may expire, and its settles go stale)
-        self.settle_fenced(w, op, sorted(chosen), extra_ms)
+        delay_ms = rng.choice([-1, -1, 0, 60]) if op == "cancel" else -1  # -1: the queue's schedule
+        self.settle_fenced(w, op, sorted(chosen), extra_ms, delay_ms)
         if op != "extend":  # applied or refused, the worker lets go
             w.held = [h for h in w.held if h not in set(chosen)]
 
-    def settle_fenced(self, w: Worker, op: str, chosen: list[tuple[int, int]], extra_ms: int) -> None:
+    def settle_fenced(self, w: Worker, op: str, chosen: list[tuple[int, int]], extra_ms: int,
+                      delay_ms: int = -1) -> None:
         """Settle as a client does, fenced by each delivery's epoch, and check the
         fence: exactly the live deliveries apply; a stale epoch never settles."""
         q = self.engine.queues[w.queue]
@@ -327,7 +367,8 @@ class Simulator:
             by_seq[seq] = max(epoch, by_seq.get(seq, 0))
         older = sorted((seq, epoch) for seq, epoch in chosen if epoch < by_seq[seq])
         if older:  # the superseded deliveries' settles: none may apply
-            results = self.engine.settle(op, w.sub_id, [x[0] for x in older], [x[1] for x in older], self.now_ms, extra_ms)
+            results = self.engine.settle(op, w.sub_id, [x[0] for x in older], [x[1] for x in older], self.now_ms, extra_ms,
+                                         delay_ms)
             if sum(len(v) for v in results.values()) != len(older):
                 raise InvariantError(f"{w.sub_id} {op}: superseded deliveries {older} settled: {results}")
             self.stale_settles += len(older)
@@ -335,7 +376,7 @@ class Simulator:
         live = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub
                 and q.deliveries_of(seq) == by_seq[seq]}
         stale = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub} - live
-        results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms)
+        results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms, delay_ms)
         refused = {seq for v in results.values() for seq in v}
         if q.browse or q.settings.allow_ack_unleased:
             return  # browsers settle without leases; unleased acks apply by design
