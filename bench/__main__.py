@@ -8,7 +8,9 @@ invocation; `--repeat N` interleaves them round by round), filters (what an expr
 costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
 10-level priority queue next to a FIFO: memory per message and engine throughput),
 ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors
-(raw pyzmq latency on this machine, paced as the latency scenario). Results go to
+(raw pyzmq latency on this machine, paced as the latency scenario), build (the compiled
+core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
+against this tree's, interleaved: what a change cost). Results go to
 bench/runs/ (not tracked); ``--record`` writes them to bench/results/, the tracked
 figures the docs cite, on purpose.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build")
+             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -66,7 +68,7 @@ def machine() -> dict:
     }
 
 
-def run(scenario: str, quick: bool) -> list[dict]:
+def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
     from bench import engine
 
     if scenario == "engine-memory":
@@ -99,6 +101,10 @@ def run(scenario: str, quick: bool) -> list[dict]:
         from bench import access
 
         return access.claim_latency(200 if quick else 5_000)
+    if scenario == "engine-vs":
+        from bench import build
+
+        return build.versus(ref, 1 if quick else 3, 20_000 if quick else 1_000_000)
     if scenario == "build":
         from bench import build
 
@@ -185,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="JSON file to write (default bench/runs/SCENARIO.json)")
     r.add_argument("--record", action="store_true", help="write to bench/results/, the tracked figures the docs cite")
     r.add_argument("--repeat", type=int, default=1, help="run N times; print the median [min-max] of each figure")
+    r.add_argument("--ref", default="HEAD", help="engine-vs: the git revision to compare this tree with")
     args = parser.parse_args(argv)
-    runs = [[{**row, "scenario": args.scenario} for row in run(args.scenario, args.quick)] for _ in range(args.repeat)]
+    runs = [[{**row, "scenario": args.scenario} for row in run(args.scenario, args.quick, args.ref)]
+             for _ in range(args.repeat)]
     rows = [summarise([r[i] for r in runs]) for i in range(len(runs[0]))]
     meta = machine()
     for row in rows:

@@ -70,3 +70,57 @@ def summary(rows: list[dict]) -> list[dict]:
             row.update(compiled_server_cpu_us_per_msg=cpu["compiled"], interpreted_server_cpu_us_per_msg=cpu["interpreted"])
         out.append(row)
     return out
+
+
+def versus(ref: str, rounds: int, n: int) -> list[dict]:
+    """The engine of git revision ``ref`` against this tree's, interleaved in one
+    invocation: what a change cost the engine. ``ref``'s core is compiled (as
+    installed) in a scratch copy; each run is a child process that imports zq from
+    one tree or the other and runs this tree's workload (``bench.engine``)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(["git", "rev-parse", "--short", ref], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    scratch = Path(tempfile.mkdtemp(prefix=f"zq-{sha}-"))
+    try:
+        archive = subprocess.run(["git", "archive", sha], cwd=root, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+        built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=scratch,
+                               capture_output=True, text=True, timeout=900)
+        if built.returncode:
+            raise RuntimeError(f"building {sha}'s core failed: {built.stderr[-2000:]}")
+        rows: list[dict] = []
+        for r in range(rounds):
+            for label, tree in ((sha, scratch), ("this tree", root)):
+                for row in versus_child(tree, root, n):
+                    rows.append({**row, "scenario": "engine-vs", "round": r, "code": label})
+        return rows + versus_summary(rows, sha)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def versus_child(tree: object, root: object, n: int) -> list[dict]:
+    code = (f"import sys; sys.path.insert(0, {str(tree)!r}); import json, zq, zq.build as b; "
+            f"assert zq.__file__.startswith({str(tree)!r}), zq.__file__; sys.path.insert(0, {str(root)!r}); "
+            "from bench import engine; "
+            f"rows = [engine.throughput({n}, batch=64, **case) for case in {list(ENGINE_CASES)!r}]; "
+            "print(json.dumps([dict(r, build=b.BUILD) for r in rows]))")
+    out = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items() if k != "ZQ_PURE"},
+                         capture_output=True, text=True, timeout=900, cwd="/")
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout)
+
+
+def versus_summary(rows: list[dict], sha: str) -> list[dict]:
+    out = []
+    for case in ENGINE_CASES:
+        same = [r for r in rows if r.get("backlog") == case["backlog"] and (r.get("groups") or 0) == case.get("groups", 0)]
+        before = statistics.median(r["msgs_per_s"] for r in same if r["code"] == sha)
+        after = statistics.median(r["msgs_per_s"] for r in same if r["code"] == "this tree")
+        out.append({"scenario": "engine-vs", "figure": "median", **case, f"{sha}_msgs_per_s": round(before),
+                    "this_tree_msgs_per_s": round(after), "ratio": round(after / before, 3),
+                    "builds": sorted({r["build"] for r in same})})
+    return out

@@ -9,7 +9,7 @@ def snapshot(published, acked, depth, counts, sub_acked, busy_ms, uptime_ms):
                    "journal_map_bytes": 2**40, "rates": {"publish": 1200.0, "deliver": 1100.0, "ack": 1100.0},
                    "publishers": 1, "workers": 2},
         "queues": {
-            "jobs": {"depth": depth, "leased": 12, "published": published, "acked": acked, "redelivered": 3, "lost": 2,
+            "jobs": {"depth": depth, "leased": 12, "published": published, "acked": acked, "redelivered": 3, "lost": 2, "delayed": 5,
                      "expired": 1, "dead_lettered": 1, "delivered": acked + 12, "cancelled": 2, "groups": 0,
                      "oldest_ms": 1500, "oldest_bookmark": 4711, "semantics": "at-least-once",
                      "ack_latency": {"buckets_ms": BUCKETS, "counts": counts, "sum_ms": 0},

@@ -304,6 +304,11 @@ def register_management(app: typer.Typer) -> None:
         max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="payload bytes held at most, e.g. 512MiB"),
         overflow: str = typer.Option("reject", "--overflow", help="reject | ring | flow-control: at --max-depth "
                                      "or --max-bytes, refuse publishes, drop the oldest, or hold confirmations"),
+        backoff: Optional[str] = typer.Option(None, "--backoff", help="retry schedule, comma-separated: a cancelled "
+                                              "or expired delivery waits each step in turn, e.g. 1s,10s,1m (the last "
+                                              "repeats)"),
+        backoff_jitter: Optional[float] = typer.Option(None, "--backoff-jitter", help="spread each wait by up to "
+                                                       "this fraction either way (0..1, default 0.1)"),
         as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
@@ -316,6 +321,8 @@ def register_management(app: typer.Typer) -> None:
             "lvq_key": lvq_key, "priority": priority, "sort_key": sort_key, "barrier": barrier,
             "browse_only": browse_only or None,
             "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
+            "backoff": [step.strip() for step in backoff.split(",")] if backoff else None,
+            "backoff_jitter": backoff_jitter,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))

@@ -16,8 +16,8 @@ import typer
 
 from zq.cli import access as cli_access
 from zq.cli.journal import journal_app
-from zq.server.config import Config
-from zq.core.errors import ZqError
+from zq.server.config import Config, duration_ms
+from zq.core.errors import ConfigError, ZqError
 
 from zq.cli.common import RET_CONNECT, RET_ERROR, RET_OK, RET_USAGE, EndpointOpt, client_for, endpoint_of, fail, message_json  # noqa: F401
 
@@ -146,17 +146,28 @@ def publish(
     priority: Optional[int] = typer.Option(None, "--priority", "-p", help="priority (sets header 'priority')"),
     msg_id: Optional[str] = typer.Option(None, "--id", help="client message id"),
     header: Optional[list[str]] = typer.Option(None, "--header", "-H", help="KEY=VALUE (repeatable)"),
+    delay: Optional[str] = typer.Option(None, "--delay", help="deliver no sooner than this from now, e.g. 30s, 5m"),
 ) -> None:
     """Publish messages; prints each bookmark once the message is durable."""
     headers = parse_headers(header)
+    delay_s = None
+    if delay is not None:
+        try:
+            delay_s = duration_ms(delay, "--delay") / 1000
+        except ConfigError as exc:
+            raise fail(str(exc), RET_USAGE) from None
+        if delay_s < 0:
+            raise fail("--delay must not be negative", RET_USAGE)
     with client_for(endpoint) as c:
         known = {q["name"] for q in c.queues()}
         try:
             if data is not None:
-                typer.echo(c.publish(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers))
+                typer.echo(c.publish(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers,
+                                     delay=delay_s))
             else:
                 futures = [
-                    c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers)
+                    c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers,
+                                    delay=delay_s)
                     for line in sys.stdin
                 ]
                 for f in futures:
@@ -203,10 +214,15 @@ def retry_note(settings: dict) -> str:
     """What happens to a message whose command failed, from the queue's settings."""
     limit = settings.get("max_deliveries") or 0
     dead = settings.get("dead_letter")
+    steps = settings.get("backoff_ms") or []
+    when = "again"
+    if steps:
+        shown = ", ".join(f"{ms / 1000:g}s" for ms in steps[:4]) + (", ..." if len(steps) > 4 else "")
+        when = f"again after the queue's backoff ({shown})"
     if not limit:
-        return "it will be delivered again (no delivery limit on this queue)"
+        return f"it will be delivered {when} (no delivery limit on this queue)"
     after = f"to {dead!r}" if dead else "(dropped: the queue has no dead_letter)"
-    return f"it will be delivered again, up to {limit} deliveries, then dead-lettered {after}"
+    return f"it will be delivered {when}, up to {limit} deliveries, then dead-lettered {after}"
 
 
 def print_messages(sub, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
@@ -288,7 +304,7 @@ def peek(
             raise fail(str(exc)) from None
     for it in items:
         msg = SimpleNamespace(group=it.get("group"), data=it["data"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
-        typer.echo(message_json(msg))
+        typer.echo(message_json(msg, not_before_ms=it.get("not_before_ms")))
 
 
 @app.command()

@@ -39,8 +39,10 @@ def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-u
         raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
 
 
-def message_json(msg) -> str:  # type: ignore[no-untyped-def]
+def message_json(msg, not_before_ms: int | None = None) -> str:  # type: ignore[no-untyped-def]
     doc = {"bookmark": msg.bookmark, "topic": msg.topic, "headers": msg.headers, "group": msg.group, "deliveries": msg.deliveries}
+    if not_before_ms is not None:  # peek: it waits for its retry or its publish's delay
+        doc["not_before_ms"] = not_before_ms
     try:
         doc["data"] = msg.data.decode("utf-8")
     except UnicodeDecodeError:

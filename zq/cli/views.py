@@ -55,6 +55,8 @@ def queue_summary(s: dict) -> str:
         parts.append("browse-only")
     if s.get("max_depth") or s.get("max_bytes"):
         parts.append(f"overflow {s['overflow']}")
+    if s.get("backoff_ms"):
+        parts.append("backoff " + ",".join(f"{ms / 1000:g}s" for ms in s["backoff_ms"]))
     return ", ".join(parts)
 
 
@@ -120,6 +122,11 @@ def print_rows(rows: list[dict], columns: list[str]) -> None:
     print_table("", columns, cells, "")
 
 
+def clock_text(ms: int) -> str:
+    """Unix ms as UTC to the millisecond."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
 def explain_text(doc: dict) -> str:
     """``zq explain``'s answer for a person: the state and why, then the history."""
     facts = [f"topic {doc['topic']}" if doc.get("topic") else None,
@@ -137,11 +144,12 @@ def explain_text(doc: dict) -> str:
         lines.append("history:" if doc.get("history_complete", True) else
                      "history (the journal scan stopped at its budget: older events only):")
         for ev in events:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ev["ts_ms"] / 1000)) + f".{ev['ts_ms'] % 1000:03d}Z"
+            when = clock_text(ev["ts_ms"])
             who = ev.get("name") or ev.get("consumer") or ""
             extra = f" delivery {ev['deliveries']}" if ev.get("deliveries") else ""
             reason = f" ({ev['reason']})" if ev.get("reason") else ""
-            lines.append(f"  {when}  {ev['kind']:<12} {who}{extra}{reason}")
+            until = f" until {clock_text(ev['due_ms'])}" if "due_ms" in ev else ""
+            lines.append(f"  {when}  {ev['kind']:<12} {who}{extra}{until}{reason}")
     elif "history" in doc:
         lines.append("history: no delivery events")
     return "\n".join(lines)

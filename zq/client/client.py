@@ -51,6 +51,7 @@ from zq.client.session import (
     Outgoing,
     bookmark_arg,
     check_endpoint,
+    delay_fields,
     drain_frames,
     duration_arg,
     encode_command,
@@ -111,7 +112,7 @@ class Client:
         self._unconfirmed = 0  # messages published and not yet confirmed
         self._publish_lock = threading.Lock()
         self._window_free = threading.Condition(self._publish_lock)
-        self._open_batches: dict[str, PublishBatch] = {}
+        self._open_batches: dict[str | tuple[str, int, int], PublishBatch] = {}  # by topic (and delay)
         self._sealed: collections.deque[PublishBatch] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -138,9 +139,13 @@ class Client:
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
         timeout: float = 30.0,
+        delay: float | None = None,
+        not_before: float | None = None,
     ) -> int:
-        """Publish one message; returns its bookmark once it is durable."""
-        return self.publish_async(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers).result(timeout)
+        """Publish one message; returns its bookmark once it is durable. ``delay``
+        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then."""
+        return self.publish_async(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers,
+                                  delay=delay, not_before=not_before).result(timeout)
 
     def publish_async(
         self,
@@ -151,9 +156,14 @@ class Client:
         priority: int | None = None,
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
+        delay: float | None = None,
+        not_before: float | None = None,
     ) -> PublishFuture:
         """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
         self._check_open()
+        key: str | tuple[str, int, int] = topic
+        if delay is not None or not_before is not None:
+            key = (topic, *delay_fields(delay, not_before))
         if topic not in self._topics_checked:  # checked once per topic: this is the per-message path
             check_topic(topic)
             if len(self._topics_checked) < 1024:
@@ -166,11 +176,11 @@ class Client:
                 self._window_free.wait(1.0)
                 self._check_open()
             self._unconfirmed += 1
-            batch = self._open_batches.get(topic)
+            batch = self._open_batches.get(key)
             if batch is None or len(batch.items) >= limits.PUBLISH_BATCH_MAX or batch.size > limits.PUBLISH_BATCH_BYTES:
                 if batch is not None:
                     self._seal(batch)
-                batch = self._open_batches[topic] = PublishBatch(topic)
+                batch = self._open_batches[key] = PublishBatch(topic, *key[1:]) if type(key) is tuple else PublishBatch(topic)
             batch.items.append(item)
             batch.size += len(item[0])
             fut = PublishFuture(batch, len(batch.items) - 1)
@@ -191,7 +201,9 @@ class Client:
         items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
         for item in items:
             self._check_size(item)
-        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in publish_chunks(items)]
+        delay = delay_fields(kw.get("delay"), kw.get("not_before"))
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c, *delay), wait=False)
+                for chunk in publish_chunks(items)]
 
     def publish_records_async(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> list[Future]:
         """Pre-built ``(payload, headers, msg_id)`` messages (writers with their own ids);
@@ -363,7 +375,8 @@ class Client:
     def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:
         """Waiting messages in delivery order, without leasing them (a read-only view):
         dicts of ``bookmark, topic, headers, data, deliveries, ts_ms`` (``data`` as on a
-        ``Message``; the wire's PEEK answer calls it ``payload``)."""
+        ``Message``; the wire's PEEK answer calls it ``payload``), and ``not_before_ms``
+        for a message waiting for its retry or its publish's delay."""
         rows = self._request(lambda req: wire.Peek(req, queue, limit, filter), timeout=timeout)
         for row in rows:
             row["data"] = row.pop("payload")
@@ -676,7 +689,8 @@ class Client:
 
     def _send_batch(self, sock: zmq.Socket, batch: PublishBatch) -> bool:
         req = next(self._reqs)
-        frame = wire.encode(wire.Publish(req, batch.topic, batch.items))  # items were checked by wire_item
+        frame = wire.encode(wire.Publish(req, batch.topic, batch.items, batch.delay_ms,  # items were checked by wire_item
+                                         batch.not_before_ms))
         self._publishes[req] = (batch, frame)
         sock.send(frame)
         return True

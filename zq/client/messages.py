@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from zq import wire
-from zq.client.session import SETTLE_COMMANDS, bookmark_arg, duration_arg, results_by_bookmark
+from zq.client.session import bookmark_arg, duration_arg, results_by_bookmark, settle_command
 from zq.core import records as R
 from zq.core.errors import ZqError
 
@@ -62,10 +62,13 @@ class Session(Protocol):
 class PublishBatch:
     """The messages of one PUBLISH frame: one wait object for all of them."""
 
-    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order")
+    __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order", "delay_ms",
+                 "not_before_ms")
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, delay_ms: int = 0, not_before_ms: int = 0) -> None:
         self.topic = topic
+        self.delay_ms = delay_ms  # a delayed publish: every message of the frame waits the same
+        self.not_before_ms = not_before_ms
         self.order = 0  # its place in the client's order of calls, once sealed
         self.items: list[tuple[bytes, dict[str, str], str | None]] = []
         self.size = 0
@@ -159,7 +162,15 @@ class Message:
         ``"unknown"``. Every settle is fenced by this delivery's count either way."""
         return self._settle("ack", wait)
 
-    def cancel(self, *, wait: bool = False) -> Any:
+    def cancel(self, *, wait: bool = False, delay: float | None = None) -> Any:
+        """Give the message back: it goes again after its queue's retry schedule
+        (``backoff``; at once without one), or after ``delay`` seconds when given (0: at
+        once). A cancel with its own delay is sent at once and returns the verdict."""
+        if delay is not None:
+            if not self.deliveries:
+                return "ok"
+            ms = duration_arg(delay, "delay", allow_zero=True)
+            return self._sub._settle_wait("cancel", [self], delay_ms=ms)[self.bookmark]
         return self._settle("cancel", wait)
 
     def expire(self, *, wait: bool = False) -> Any:
@@ -282,7 +293,13 @@ class Subscription(MessageStream):
         / ``unknown`` (see ``Message.ack``)."""
         return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False,
+                    delay: float | None = None) -> dict[int, str] | None:
+        """Cancel several messages: each goes again after the queue's backoff, or after
+        ``delay`` seconds (0: at once; sent at once and answered, like ``wait=True``)."""
+        if delay is not None:
+            return self._settle_wait("cancel", [m for m in messages if m.deliveries],
+                                     delay_ms=duration_arg(delay, "delay", allow_zero=True))
         return self._settle_many("cancel", messages, wait)
 
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
@@ -294,7 +311,8 @@ class Subscription(MessageStream):
             self.client._wake()
         return None
 
-    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0) -> dict[int, str]:
+    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0,
+                     delay_ms: int = -1) -> dict[int, str]:
         """Settle now and wait for the dispatcher's verdict on each message. A message
         of an earlier session is ``lost`` without asking: its lease ended with it."""
         gen = self.client.generation
@@ -302,8 +320,8 @@ class Subscription(MessageStream):
         live = [m for m in messages if m._generation == gen]
         if live:
             bookmarks = [m.bookmark for m in live]
-            command = SETTLE_COMMANDS[op]
-            answer = self.client._request(lambda req: command(self.sub_id, bookmarks, [m.deliveries for m in live], req),
+            epochs = [m.deliveries for m in live]
+            answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req, delay_ms),
                                           timeout=timeout)
             results.update(results_by_bookmark(answer, bookmarks))
         return results

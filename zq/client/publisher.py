@@ -31,6 +31,7 @@ from zq import wire
 from zq.client.session import (
     ConnectionLost,
     check_target,
+    delay_fields,
     error_from,
     open_session,
     publish_chunks,
@@ -76,16 +77,19 @@ class Publisher:
     # ---------------------------------------------------------------- API
 
     def publish(self, topic: str, data: bytes | str, *, group: str | None = None, priority: int | None = None,
-                msg_id: str | None = None, headers: dict[str, str] | None = None, timeout: float = 30.0) -> int:
-        """Publish one message; returns its bookmark once it is durable."""
-        return self._publish(topic, [wire_item(data, group, priority, msg_id, headers)], timeout)[0]
+                msg_id: str | None = None, headers: dict[str, str] | None = None, timeout: float = 30.0,
+                delay: float | None = None, not_before: float | None = None) -> int:
+        """Publish one message; returns its bookmark once it is durable. ``delay``
+        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then."""
+        return self._publish(topic, [wire_item(data, group, priority, msg_id, headers)], timeout,
+                             delay_fields(delay, not_before))[0]
 
     def publish_many(self, topic: str, messages: Iterable[bytes | str], *, timeout: float = 60.0,
                      **kw: object) -> list[int]:
         """Publish a batch (frames of up to ``PUBLISH_BATCH_MAX``, ``window`` of them in
         flight); returns the bookmarks in order."""
         items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]  # type: ignore[arg-type]
-        return self._publish(topic, items, timeout)
+        return self._publish(topic, items, timeout, delay_fields(kw.get("delay"), kw.get("not_before")))
 
     def close(self) -> None:
         if self.closed:
@@ -107,7 +111,7 @@ class Publisher:
 
     # ------------------------------------------------------------ internals
 
-    def _publish(self, topic: str, items: list, timeout: float) -> list[int]:
+    def _publish(self, topic: str, items: list, timeout: float, delay: tuple[int, int] = (0, 0)) -> list[int]:
         if self.closed:
             raise ConnectionLost("publisher is closed")
         check_topic(topic)
@@ -120,14 +124,15 @@ class Publisher:
         results: list[list[int] | None] = [None] * len(chunks)
         while True:
             try:
-                self._send_and_wait(topic, chunks, results, deadline)
+                self._send_and_wait(topic, chunks, results, deadline, delay)
                 return [b for r in results for b in r]  # type: ignore[union-attr]
             except _SessionLost:
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(f"publish to {self.endpoint} not confirmed within {timeout}s") from None
                 self._open_session(max(0.1, deadline - time.monotonic()))  # unconfirmed chunks go again
 
-    def _send_and_wait(self, topic: str, chunks: list, results: list, deadline: float) -> None:
+    def _send_and_wait(self, topic: str, chunks: list, results: list, deadline: float,
+                       delay: tuple[int, int] = (0, 0)) -> None:
         """Send the chunks not yet confirmed, ``window`` at a time; wait for each confirm."""
         sock = self._sock
         assert sock is not None
@@ -137,7 +142,7 @@ class Publisher:
             while todo and len(inflight) < self.window:
                 i = todo.pop(0)
                 req = next(self._reqs)
-                sock.send(wire.encode(wire.Publish(req, topic, chunks[i])))
+                sock.send(wire.encode(wire.Publish(req, topic, chunks[i], *delay)))
                 inflight[req] = i
             self._last_sent = time.monotonic()
             reply = self._next_reply(deadline)

@@ -94,6 +94,14 @@ def check_target(target: object) -> None:
 SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire}
 
 
+def settle_command(op: str, sub_id: str, bookmarks: list[int], epochs: list[int], req: int,
+                   delay_ms: int = -1) -> object:
+    """An answered settle; a cancel may carry its own delay."""
+    if op == "cancel" and delay_ms >= 0:
+        return wire.Cancel(sub_id, bookmarks, epochs, req, delay_ms)
+    return SETTLE_COMMANDS[op](sub_id, bookmarks, epochs, req)
+
+
 def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int, int]]) -> bool:
     """``(op, bookmark, epoch)`` settles of one subscription as one frame per op, fenced
     by each delivery's epoch (its delivery count); False if none."""
@@ -198,6 +206,20 @@ def duration_arg(seconds: object, what: str, *, allow_zero: bool = False) -> int
         raise ValueError(f"{what}: {seconds!r} seconds is out of range "
                          f"({'0' if allow_zero else '0.001'}..{limits.DURATION_MS_MAX // 1000})")
     return int(seconds * 1000)
+
+
+def delay_fields(delay: object, not_before: object) -> tuple[int, int]:
+    """A publish's ``delay`` (seconds) and ``not_before`` (Unix seconds) as the frame's
+    ``delay_ms`` and ``not_before_ms``. The delay is counted on the dispatcher's clock."""
+    delay_ms = duration_arg(delay, "delay", allow_zero=True) if delay is not None else 0
+    not_before_ms = 0
+    if not_before is not None:
+        if isinstance(not_before, bool) or not isinstance(not_before, (int, float)) or not math.isfinite(not_before):
+            raise TypeError(f"not_before: Unix seconds as a number, got {not_before!r:.40}")
+        if not 0 <= not_before <= 4_102_444_800 * 25:  # 0 .. about the year 5000
+            raise ValueError(f"not_before: {not_before!r} is not a Unix time in seconds")
+        not_before_ms = int(not_before * 1000)
+    return delay_ms, not_before_ms
 
 
 _SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")

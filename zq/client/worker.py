@@ -45,7 +45,8 @@ from zq.client.session import (
     EVENTS,
     NOBLOCK,
     POLLIN,
-    SETTLE_COMMANDS,
+    duration_arg,
+    settle_command,
     ConnectionLost,
     check_target,
     error_from,
@@ -154,7 +155,13 @@ class Worker(MessageStream):
         wait for the verdicts: bookmark -> ``ok`` / ``lost`` / ``done`` / ``unknown``."""
         return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False,
+                    delay: float | None = None) -> dict[int, str] | None:
+        """Cancel several messages: each goes again after the queue's backoff, or after
+        ``delay`` seconds (0: at once; sent at once and answered, like ``wait=True``)."""
+        if delay is not None:
+            return self._settle_wait("cancel", [m for m in messages if m.deliveries],
+                                     delay_ms=duration_arg(delay, "delay", allow_zero=True))
         return self._settle_many("cancel", messages, wait)
 
     def heartbeat(self) -> None:
@@ -200,9 +207,11 @@ class Worker(MessageStream):
             self._flush()
         return None
 
-    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0) -> dict[int, str]:
+    def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0,
+                     delay_ms: int = -1) -> dict[int, str]:
         """Settle now (after the settles made before) and wait for each verdict. A
-        message of an earlier session is ``lost`` without asking: its lease ended with it."""
+        message of an earlier session is ``lost`` without asking: its lease ended with it.
+        ``delay_ms``: a cancel's own delay (-1: the queue's backoff)."""
         gen = self.generation
         results = {m.bookmark: "lost" for m in messages if m._generation != gen}
         live = [m for m in messages if m._generation == gen]
@@ -211,7 +220,7 @@ class Worker(MessageStream):
         self._flush()
         req = next(self._reqs)
         bookmarks = [m.bookmark for m in live]
-        self._send(SETTLE_COMMANDS[op](self.sub_id, bookmarks, [m.deliveries for m in live], req))
+        self._send(settle_command(op, self.sub_id, bookmarks, [m.deliveries for m in live], req, delay_ms))
         deadline = time.monotonic() + timeout
         while req not in self._replies:
             if self.generation != gen:  # the session was lost while waiting: so were these leases

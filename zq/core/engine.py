@@ -804,16 +804,15 @@ class Engine(ManagementMixin, TargetDepthMixin):
         q.dead_lettered += 1
 
     def flush_events(self, q: Queue) -> None:
-        if q.delays_out:
+        if q.events_out:
+            events, q.events_out = q.events_out, {}
+            for (kind, consumer, reason), batch in events.items():
+                seqs = [s for s, _ in batch]
+                ds = [d for _, d in batch]
+                self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason,
+                                            self.consumer_names.get(consumer, "")))
+        if q.delays_out:  # after their causes (a cancel, a lease expiry)
             self.flush_delays(q)
-        if not q.events_out:
-            return
-        events, q.events_out = q.events_out, {}
-        for (kind, consumer, reason), batch in events.items():
-            seqs = [s for s, _ in batch]
-            ds = [d for _, d in batch]
-            self.records.append(R.Event(self.take_seq(), self.now_ms, kind, q.name, consumer, seqs, ds, reason,
-                                        self.consumer_names.get(consumer, "")))
 
     def flush_delays(self, q: Queue) -> None:
         """Journal this step's delays, one ``delayed`` event per reason: after a restart

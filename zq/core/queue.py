@@ -1257,9 +1257,9 @@ class Queue:
         parked = 0  # the group this message parks (as its delayed head), to go on without it
         if self.delayed and seq in self.delayed:
             _, parked = self.delayed.pop(seq)
-            key = self.ranks.get(seq, -1) if self.ordered else seq
-            if key in self.sleeping:
-                self.sleeping.discard(key)
+            asleep = self.ranks.get(seq, -1) if self.ordered else seq
+            if asleep in self.sleeping:
+                self.sleeping.discard(asleep)
                 self.depth -= 1
                 self.finish(seq, 0)
                 self.dirty = True

@@ -169,9 +169,13 @@ def history(journal: LmdbJournal, queue: str, seq: int, keep: int) -> tuple[list
             return found[-keep:] if keep else [], False
         if ev.queue != queue or seq not in ev.bookmarks:
             continue
-        n = ev.deliveries[ev.bookmarks.index(seq)] if len(ev.deliveries) == len(ev.bookmarks) else 0
-        found.append({"bookmark": ev.seq, "ts_ms": ev.ts_ms, "kind": ev.kind, "consumer": ev.consumer,
-                      "name": ev.consumer_name, "deliveries": n, "reason": ev.reason})
+        i = ev.bookmarks.index(seq)
+        n = ev.deliveries[i] if len(ev.deliveries) == len(ev.bookmarks) else 0
+        item = {"bookmark": ev.seq, "ts_ms": ev.ts_ms, "kind": ev.kind, "consumer": ev.consumer,
+                "name": ev.consumer_name, "deliveries": n, "reason": ev.reason}
+        if len(ev.due_ms) == len(ev.bookmarks):  # a ``delayed`` event: until when
+            item["due_ms"] = ev.due_ms[i]
+        found.append(item)
     return found[-keep:] if keep else [], True
 
 

@@ -140,7 +140,12 @@ class Commands:
             raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
-        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes)
+        not_before = cmd.not_before_ms
+        if cmd.delay_ms:
+            if not 0 < cmd.delay_ms <= limits.DURATION_MS_MAX:
+                raise ProtocolError(f"a publish's delay must be 0..{limits.DURATION_MS_MAX} ms")
+            not_before = max(not_before, now + cmd.delay_ms)
+        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes, not_before)
         peer.published += len(bookmarks)
         full = self.engine.withheld(cmd.topic)
         if full:  # flow-control: the confirmation waits until those queues drain
@@ -201,7 +206,7 @@ class Commands:
     # ------------------------------------------------------------- settling
 
     def settle(self, peer_id: bytes, peer: Peer, cmd: wire.Ack | wire.Cancel | wire.Expire | wire.Extend, op: str,
-               now: int, extra_ms: int = 0) -> None:
+               now: int, extra_ms: int = 0, delay_ms: int = -1) -> None:
         """Apply a settle, fenced by its epochs; tell the client what was not applied:
         a REFUSED per result (``lost``, ``done``, ``unknown``), or with ``req`` one
         REPLY giving every bookmark's result, ``ok`` included."""
@@ -210,7 +215,7 @@ class Commands:
                 return  # a replay's client took these: room for more
             results = {"unknown-subscription": cmd.bookmarks}
         else:
-            results = self.engine.settle(op, sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, now, extra_ms)
+            results = self.engine.settle(op, sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, now, extra_ms, delay_ms)
         if cmd.req:
             not_ok = {seq for seqs in results.values() for seq in seqs}
             answer = {"ok": [seq for seq in cmd.bookmarks if seq not in not_ok], **results}
@@ -223,7 +228,7 @@ class Commands:
         self.settle(peer_id, peer, cmd, "ack", now)
 
     def on_cancel(self, peer_id: bytes, peer: Peer, cmd: wire.Cancel, now: int) -> None:
-        self.settle(peer_id, peer, cmd, "cancel", now)
+        self.settle(peer_id, peer, cmd, "cancel", now, delay_ms=cmd.delay_ms)
 
     def on_expire(self, peer_id: bytes, peer: Peer, cmd: wire.Expire, now: int) -> None:
         self.settle(peer_id, peer, cmd, "expire", now)
@@ -244,12 +249,17 @@ class Commands:
         10,000 messages with 4 KiB headers made a 50 MB answer that held the loop 220 ms."""
         limit = max(0, min(cmd.limit, 10_000))
         items = self.engine.peek(cmd.queue, limit, cmd.filter)
-        header = self.engine.queues[cmd.queue].settings.group_header
+        q = self.engine.queues[cmd.queue]
+        header = q.settings.group_header
         out: list[dict] = []
         size = 0
         for r, (_, d) in zip(self.journal.get_messages([seq for seq, _ in items]), items):
-            out.append({"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload,
-                        "deliveries": d, "ts_ms": r.ts_ms, "group": r.headers.get(header) if header else None})
+            item = {"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload,
+                    "deliveries": d, "ts_ms": r.ts_ms, "group": r.headers.get(header) if header else None}
+            due = q.due_of(r.seq)
+            if due is not None:
+                item["not_before_ms"] = due  # waits for its retry or its publish's delay
+            out.append(item)
             size += len(r.payload) + sum(len(k) + len(v) for k, v in r.headers.items())
             if size >= PEEK_BYTES_MAX:
                 break

@@ -128,6 +128,8 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_bytes: str | int = 0
     overflow: str = "reject"
     resume_percent: int = 90
+    backoff: list[str] = []  # retry schedule: ["1s", "10s", "1m"]; the last step repeats
+    backoff_jitter: float = 0.1
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -248,6 +250,10 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
         if key in _CONVERTED:
             name, convert = _CONVERTED[key]
             kwargs[name] = convert(value, f"{where}.{key}") if value else 0
+        elif key == "backoff":
+            if len(value) > limits.BACKOFF_STEPS_MAX:
+                raise ConfigError(f"{where}.backoff: at most {limits.BACKOFF_STEPS_MAX} steps")
+            kwargs["backoff_ms"] = [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
         else:
             kwargs[key] = value
     kwargs["group_header"] = q.group_header or None

@@ -25,6 +25,7 @@ class QueueRow:
     p99_ms: float | None
     depth_history: list[int]
     oldest_bookmark: int | None = None
+    delayed: int = 0  # waiting for a time: a retry's backoff or a publish's delay (part of depth)
 
 
 @dataclass
@@ -152,6 +153,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
             dead_lettered=q["dead_lettered"], consumers=len(q["consumers"]),
             p50_ms=p50, p99_ms=p99,
             depth_history=history.add(name, q["depth"]), oldest_bookmark=q.get("oldest_bookmark"),
+            delayed=q.get("delayed", 0),
         ))
         before = {c["sub"]: c for c in (p or {}).get("consumers", [])}
         for c in q["consumers"]:

@@ -60,12 +60,12 @@ def header(m: TopModel) -> Panel:
 
 def queues_table(m: TopModel) -> Table:
     t = Table(title=f"queues (sorted by {m.sort}; keys: d depth, r rate, l latency, n name, q quit)", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("queue", "depth", "leased", "in/s", "out/s", "oldest", "redel", "lost", "exp", "dead", "cons", "p50", "p99",
-                "1 min"):
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("queue", "depth", "delay", "leased", "in/s", "out/s", "oldest", "redel", "lost", "exp", "dead", "cons",
+                "p50", "p99", "1 min"):
         t.add_column(col, justify="left" if col in ("queue", "1 min") else "right", no_wrap=True)
     for q in m.queues:
-        t.add_row(q.name, f"{q.depth:,}", f"{q.leased:,}", f"{q.in_rate:,.0f}", f"{q.out_rate:,.0f}", human_ms(q.oldest_ms),
+        t.add_row(q.name, f"{q.depth:,}", f"{q.delayed:,}", f"{q.leased:,}", f"{q.in_rate:,.0f}", f"{q.out_rate:,.0f}", human_ms(q.oldest_ms),
                   f"{q.redelivered:,}", f"{q.lost:,}", f"{q.expired:,}", f"{q.dead_lettered:,}", str(q.consumers),
                   human_ms(q.p50_ms), human_ms(q.p99_ms), sparkline(q.depth_history, 12))
     return t

@@ -39,6 +39,8 @@ class Publish(_Cmd, tag="pub"):
     req: int
     topic: str
     messages: list[tuple[bytes, dict[str, str], str | None]]
+    delay_ms: int = 0  # no message of the frame goes before this long after the dispatcher commits it
+    not_before_ms: int = 0  # ... nor before this Unix time (ms; the dispatcher's clock)
 
 
 class Subscribe(_Cmd, tag="sub"):
@@ -66,6 +68,7 @@ class Cancel(_Cmd, tag="cancel"):
     bookmarks: list[int]
     epochs: list[int] = []  # fencing: the delivery count each bookmark was delivered with; [] = unfenced
     req: int = 0  # non-zero: answer with a REPLY giving every bookmark's result
+    delay_ms: int = -1  # the messages go again after this long (0: at once); -1: the queue's backoff
 
 
 class Expire(_Cmd, tag="expire"):
