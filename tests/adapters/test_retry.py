@@ -211,3 +211,41 @@ def test_a_queue_created_at_run_time_takes_a_backoff(dispatcher):
         out = subprocess.run(cli + ["other", *bad, "-e", dispatcher.endpoint], env=env(), capture_output=True,
                              text=True, timeout=60)
         assert out.returncode != 0 and says in out.stderr, out.stderr
+
+
+def test_a_connected_consumers_leases_renew_until_the_maximum_age_across_a_sigkill(tmp_path):
+    """zq.connect's I/O thread heartbeats: a long job keeps its message with no extend
+    call; a stuck one loses it at max_lease_age. After a SIGKILL and a restart the
+    redelivered message renews the same way."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "jobs"\nlease = "300ms"\nmax_lease_age = "2s"\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with zq.connect(server.endpoint) as c, zq.connect(server.endpoint) as other:
+            a = c.publish("jobs", b"long job")
+            with c.subscribe("jobs") as sub, other.subscribe("jobs") as rival:
+                msg = sub.get(5)
+                assert msg.bookmark == a
+                assert rival.get(1.2) is None  # four lease periods: renewed, not redelivered
+                assert msg.ack(wait=True) == "ok"
+                b = c.publish("jobs", b"stuck job")
+                stuck = sub.get(5) if rival.get(0.2) is None else None
+                assert stuck is not None and stuck.bookmark == b
+                t0 = time.monotonic()
+                again = wait_until(lambda: sub.get(0.05) or rival.get(0.05), timeout=10,
+                                   what="the stuck delivery to time out and go again")
+                assert again.bookmark == b and again.deliveries == 2 and time.monotonic() - t0 >= 1.5
+                assert stuck.ack(wait=True) == "lost"
+                again.ack()
+            assert c.stats()["queues"]["jobs"]["renewed"] >= 3
+            c.publish("jobs", b"across a restart")
+        server.kill()
+        server.start()
+        with zq.connect(server.endpoint) as c, zq.connect(server.endpoint) as other:
+            with c.subscribe("jobs") as sub:
+                msg = sub.get(5)
+                with other.subscribe("jobs") as rival:
+                    assert rival.get(1.0) is None
+                assert msg.ack(wait=True) == "ok"
+    finally:
+        assert "Traceback" not in server.terminate()

@@ -57,12 +57,17 @@ def test_retry_schedules_publish_delays_and_parked_groups_are_exercised():
     assert parked > 100
 
 
+def test_leases_of_connected_workers_are_renewed_up_to_their_maximum_age():
+    sims = [Simulator(seed, 800).run() for seed in range(1, 9)]
+    assert sum(s.renewals for s in sims) > 20
+
+
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
      "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned",
-     "retry-wakes-early", "parked-group-blocks-all"],
+     "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -89,6 +94,19 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         original_can_go = Queue.group_can_go
         monkeypatch.setattr(Queue, "group_can_go",
                             lambda self, grp: not self.delayed and original_can_go(self, grp))
+    elif bug == "renewal-ignores-max-age":
+        original_renew = Queue.renew
+        monkeypatch.setattr(Queue, "renew", lambda self, lease, deadline_ms: original_renew(
+            self, lease, deadline_ms + self.settings.lease_ms))
+    elif bug == "renewal-never-renews":  # a connected worker's lease just ends, as without max_lease_age
+        from zq.core import records as R
+
+        def renew(self, lease, deadline_ms):
+            for seq in list(lease.seqs):
+                if self.lease_of.get(seq) is lease:
+                    self.end_lease_of(seq, R.LEASE_EXPIRED)
+
+        monkeypatch.setattr(Queue, "renew", renew)
     elif bug == "fence-ignores-epochs":
         monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":

@@ -309,6 +309,8 @@ def register_management(app: typer.Typer) -> None:
                                               "repeats)"),
         backoff_jitter: Optional[float] = typer.Option(None, "--backoff-jitter", help="spread each wait by up to "
                                                        "this fraction either way (0..1, default 0.1)"),
+        max_lease_age: Optional[str] = typer.Option(None, "--max-lease-age", help="a connected consumer's leases "
+                                                    "renew by themselves until a delivery is this old, e.g. 10m"),
         as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
@@ -322,7 +324,7 @@ def register_management(app: typer.Typer) -> None:
             "browse_only": browse_only or None,
             "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
             "backoff": [step.strip() for step in backoff.split(",")] if backoff else None,
-            "backoff_jitter": backoff_jitter,
+            "backoff_jitter": backoff_jitter, "max_lease_age": max_lease_age,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))

@@ -55,6 +55,8 @@ def queue_summary(s: dict) -> str:
         parts.append("browse-only")
     if s.get("max_depth") or s.get("max_bytes"):
         parts.append(f"overflow {s['overflow']}")
+    if s.get("max_lease_age_ms"):
+        parts.append(f"leases renew up to {s['max_lease_age_ms'] / 1000:g}s")
     if s.get("backoff_ms"):
         parts.append("backoff " + ",".join(f"{ms / 1000:g}s" for ms in s["backoff_ms"]))
     return ", ".join(parts)

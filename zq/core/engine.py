@@ -870,6 +870,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "lost": q.lost_settles,
                 "delayed": len(q.delayed) + len(q.inactive_due),
                 "retries_delayed": q.retries_delayed,
+                "renewed": q.renewed,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,

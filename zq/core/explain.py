@@ -41,6 +41,11 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
         out["why"] = [f"delivery {out['deliveries']} is out with {out['leased_to']['name'] or sub.consumer} "
                       f"until its lease ends in {out['lease_ends_in_ms']} ms (or it is acked, cancelled or expired)"]
+        max_age = q.settings.max_lease_age_ms
+        if max_age:
+            out["renews_until_ms"] = lease.started_ms + max_age
+            out["why"].append(f"the lease renews while its holder stays connected, for at most "
+                              f"{max(0, lease.started_ms + max_age - now_ms)} ms more (max_lease_age)")
         return out
     place = waiting_place(q, seq, group)
     if place is None:

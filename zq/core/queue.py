@@ -251,6 +251,7 @@ class Queue:
         self.delays_out: list[tuple[int, int, int, str]] = []  # this step's: seq, deliveries, due ms, reason
         self.inactive_due: dict[int, int] = {}  # TargetQueueDepth: delays of journal-only messages
         self.retries_delayed = 0  # returns that waited for the retry schedule (stats)
+        self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
         self.backoff = s.backoff_ms
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
@@ -768,7 +769,11 @@ class Queue:
                 lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
                 self.lease_fifo.append(lease)  # one lease period: deadlines in order
             else:
-                lease = sub.current = Lease(sub, now_ms + sub.lease_ms, now_ms)
+                claim_ms = sub.lease_ms
+                max_age = self.settings.max_lease_age_ms
+                if max_age and claim_ms > max_age:
+                    claim_ms = max_age  # a claim's own lease: not past the queue's maximum age either
+                lease = sub.current = Lease(sub, now_ms + claim_ms, now_ms)
                 self.lease_tiebreak += 1
                 heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
             if len(sub.leases) > 64:
@@ -1088,25 +1093,48 @@ class Queue:
         self.expire_leased(seq, m, R.REASON_REQUESTED)  # at-most-once too: the holder asks for a dead letter
         return None
 
+    def renew(self, lease: Lease, deadline_ms: int) -> None:
+        """Move what ``lease`` still holds to a new lease ending at ``deadline_ms``."""
+        fresh = Lease(lease.sub, deadline_ms, lease.started_ms)
+        lease_of = self.lease_of
+        for seq in lease.seqs:
+            if lease_of.get(seq) is lease:
+                fresh.seqs.append(seq)
+                lease_of[seq] = fresh
+        fresh.live = len(fresh.seqs)
+        lease.live = 0
+        self.renewed += fresh.live
+        sub = lease.sub
+        if len(sub.leases) > 64:
+            sub.leases = [x for x in sub.leases if x.live]
+        sub.leases.append(fresh)
+        self.lease_tiebreak += 1
+        heapq.heappush(self.lease_heap, (deadline_ms, self.lease_tiebreak, fresh))
+
     def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
-        """Move ``seqs`` to a lease ending at ``deadline_ms``; returns those refused."""
+        """Move ``seqs`` to a lease ending at ``deadline_ms`` (on a queue with a maximum
+        lease age, not past it); returns those refused. Messages delivered at different
+        times get a lease each: a lease keeps its messages' delivery time."""
         refused = []
-        lease = Lease(sub, deadline_ms)
+        max_age = self.settings.max_lease_age_ms
+        fresh: dict[int, Lease] = {}  # delivery time -> the new lease
         for seq in seqs:
             old = self.lease_of.get(seq)
-            if old is not None:
-                lease.started_ms = old.started_ms
             if old is None or old.sub is not sub:
                 refused.append(seq)
                 continue
+            lease = fresh.get(old.started_ms)
+            if lease is None:
+                end = min(deadline_ms, old.started_ms + max_age) if max_age else deadline_ms
+                lease = fresh[old.started_ms] = Lease(sub, end, old.started_ms)
             old.live -= 1
             lease.seqs.append(seq)
             lease.live += 1
             self.lease_of[seq] = lease
-        if lease.live:
+        for lease in fresh.values():
             sub.leases.append(lease)
             self.lease_tiebreak += 1
-            heapq.heappush(self.lease_heap, (deadline_ms, self.lease_tiebreak, lease))
+            heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
         return refused
 
     def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
@@ -1351,6 +1379,14 @@ class Queue:
 
     def expire_lease(self, lease: Lease, now_ms: int) -> None:
         if lease.live == 0:
+            return
+        max_age = self.settings.max_lease_age_ms
+        if max_age and lease.started_ms + max_age > now_ms:
+            # Session-wide renewal: its holder is still connected (a session that stops
+            # heartbeating is dropped, and its leases with it), so the lease goes on for
+            # another period, never past the delivery's maximum age.
+            period = lease.sub.lease_ms or self.settings.lease_ms
+            self.renew(lease, min(now_ms + period, lease.started_ms + max_age))
             return
         for seq in lease.seqs:
             if self.lease_of.get(seq) is lease:

@@ -69,6 +69,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     # waits backoff_ms[n-1] (the last entry from then on) before it goes again; [] = at once.
     backoff_ms: list[int] = []
     backoff_jitter: float = 0.1  # each wait is spread by up to this fraction either way
+    # Session-wide lease renewal: a lease whose holder is still connected (heartbeating)
+    # is renewed when it ends, until the delivery is this old; 0 = off (leases just end).
+    max_lease_age_ms: int = 0
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:
@@ -120,7 +123,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"{where}: topics: {exc}") from None
         if self.group_header is not None and not 0 < len(self.group_header) <= limits.HEADER_BYTES_MAX:
             raise ConfigError(f"{where}: group_header must be 1..{limits.HEADER_BYTES_MAX} characters")
-        for key in ("lease_ms", "expiration_ms", "dedup_window_ms"):
+        for key in ("lease_ms", "expiration_ms", "dedup_window_ms", "max_lease_age_ms"):
             if getattr(self, key) > limits.DURATION_MS_MAX:
                 raise ConfigError(f"{where}: {key.removesuffix('_ms')} longer than 100 years")
         for key in ("max_depth", "max_bytes", "target_queue_depth", "start_seq"):
@@ -161,6 +164,13 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: resume_percent must be 1..100")
         if self.leasing not in ("strict", "shared"):
             raise ConfigError(f"{where}: leasing must be 'strict' or 'shared', got {self.leasing!r}")
+        if self.max_lease_age_ms < 0:
+            raise ConfigError(f"{where}: max_lease_age must not be negative")
+        if self.max_lease_age_ms and self.max_lease_age_ms < self.lease_ms:
+            raise ConfigError(f"{where}: max_lease_age ({self.max_lease_age_ms} ms) is shorter than the lease "
+                              f"({self.lease_ms} ms): a delivery could not even keep its first lease")
+        if self.max_lease_age_ms and self.semantics == "at-most-once":
+            raise ConfigError(f"{where}: max_lease_age renews leases, and at-most-once queues lease nothing")
         if self.dedup_window_ms < 0:
             raise ConfigError(f"{where}: dedup_window must not be negative")
         if self.expiration_ms < 0:

@@ -60,7 +60,7 @@ def size_bytes(text: str | int, key: str) -> int:
     return n
 
 
-DURATION_KEYS = {"lease", "expiration", "dedup_window", "fsync_interval", "heartbeat", "retention"}
+DURATION_KEYS = {"lease", "expiration", "dedup_window", "fsync_interval", "heartbeat", "retention", "max_lease_age"}
 SIZE_KEYS = {"max_bytes", "max_message_size"}
 
 
@@ -130,6 +130,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     resume_percent: int = 90
     backoff: list[str] = []  # retry schedule: ["1s", "10s", "1m"]; the last step repeats
     backoff_jitter: float = 0.1
+    max_lease_age: str | None = None  # leases of connected consumers renew until a delivery is this old
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -234,6 +235,7 @@ _CONVERTED = {
     "lease": ("lease_ms", duration_ms),
     "expiration": ("expiration_ms", duration_ms),
     "dedup_window": ("dedup_window_ms", duration_ms),
+    "max_lease_age": ("max_lease_age_ms", duration_ms),
     "max_bytes": ("max_bytes", size_bytes),
 }
 

@@ -15,6 +15,8 @@ the safety properties zq promises after every step:
   and every message it does not hold is in its journal-only part;
 * a delayed message (a retry's backoff, a publish's delay) is not delivered before the
   time its ``delayed`` event names;
+* on a queue with ``max_lease_age``, a connected holder's lease does not expire before
+  the delivery is that old;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
   message waits (checked per step, for queues without content-filtered subscribers);
 * the engine's own structures agree with each other (``check_engine``).
@@ -48,6 +50,8 @@ class QueueView:
     browse: bool = False  # browse_only: nothing is leased, messages stay until they expire
     ranks: dict[int, int] = field(default_factory=dict)  # ordered queues: seq -> rank
     due: dict[int, int] = field(default_factory=dict)  # delayed: seq -> not before (ms)
+    max_lease_age_ms: int = 0  # leases of connected holders renew until a delivery is this old
+    leased_at: dict[int, int] = field(default_factory=dict)  # seq -> when its live delivery began
 
 
 class Oracle:
@@ -60,7 +64,8 @@ class Oracle:
         view = self.queues.get(q.name)
         if view is None:
             view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy,
-                                                   browse=q.settings.browse_only)
+                                                   browse=q.settings.browse_only,
+                                                   max_lease_age_ms=q.settings.max_lease_age_ms)
         return view
 
     # ------------------------------------------------------------ feeding
@@ -149,6 +154,12 @@ class Oracle:
                 self.finish(view, seq)
             elif kind in (R.CANCELLED, R.LEASE_EXPIRED, R.RETURNED):
                 view.held.pop(seq, None)
+                began = view.leased_at.pop(seq, None)
+                if kind == R.LEASE_EXPIRED and view.max_lease_age_ms and began is not None \
+                        and ev.ts_ms - began < view.max_lease_age_ms:
+                    raise InvariantError(f"{ev.queue}: the lease of {seq}, held by connected {ev.consumer}, ended "
+                                         f"{ev.ts_ms - began} ms after delivery, before max_lease_age "
+                                         f"{view.max_lease_age_ms} ms")
         if kind == R.DELAYED:
             view.due.update(zip(ev.bookmarks, ev.due_ms))
 
@@ -169,6 +180,7 @@ class Oracle:
         if group is not None:
             self.check_group_order(view, ev, seq, group)
         view.held[seq] = ev.consumer
+        view.leased_at[seq] = ev.ts_ms
         view.delivered_once.add(seq)
         if view.ranks:
             self.step_leased.setdefault(ev.queue, []).append(seq)
@@ -210,6 +222,7 @@ class Oracle:
         """A restart ends every lease: nothing is held any more."""
         for view in self.queues.values():
             view.held.clear()
+            view.leased_at.clear()
 
     # ------------------------------------------------------------ checking
 

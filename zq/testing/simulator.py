@@ -90,6 +90,8 @@ class SimOptions:
                     barrier=rng.choice([None, None, None, "color = 'green' AND group IS NULL"]),
                 )
             )
+            if semantics == "at-least-once" and rng.random() < 0.4:  # session-wide renewal up to a maximum age
+                queues[-1] = msgspec.structs.replace(queues[-1], max_lease_age_ms=queues[-1].lease_ms * rng.choice([2, 6]))
             if rng.random() < 0.5:  # a retry schedule: cancels and lease expiries wait before the next try
                 queues[-1] = msgspec.structs.replace(queues[-1], backoff_ms=rng.choice([[30], [20, 100, 400]]),
                                                      backoff_jitter=rng.choice([0.0, 0.5]))
@@ -153,6 +155,7 @@ class Simulator:
         self.stale_settles = 0  # settles naming a delivery no longer live, refused (the fence at work)
         self.explained = 0  # messages whose explain was checked against the oracle
         self.parked_checks = 0  # steps where a parked group was checked not to block the others
+        self.renewals = 0  # the most lease renewals a queue made (max_lease_age at work)
         self.step_no = 0
 
     # ------------------------------------------------------------- running
@@ -231,14 +234,24 @@ class Simulator:
         parked group never blocks another: with a consumer free to take it, no group
         that could go is left waiting while others are parked."""
         for q in self.engine.queues.values():
+            ended = [seq for seq, lease in q.lease_of.items() if lease.deadline_ms <= self.now_ms]
+            if ended:
+                raise InvariantError(f"{q.name}: {ended[:5]} still leased after their leases ended (now {self.now_ms})")
+            max_age = q.settings.max_lease_age_ms
+            if max_age:  # renewed or extended, no delivery is held past its maximum age
+                for seq, lease in q.lease_of.items():
+                    if lease.deadline_ms > lease.started_ms + max_age:
+                        raise InvariantError(f"{q.name}: {seq} leased until {lease.deadline_ms}, past its maximum age "
+                                             f"(delivered {lease.started_ms} + {max_age})")
+                self.renewals = max(self.renewals, q.renewed)
             if not q.delayed:
                 continue
             late = sorted(seq for seq, (due, _) in q.delayed.items() if due <= self.now_ms)
             if late:
                 raise InvariantError(f"{q.name}: {late[:5]} still wait for a time that has come (now {self.now_ms}: "
                                      f"{[q.delayed[s][0] for s in late[:5]]})")
-            if q.filtered or q.browse or q.barriers or not q.grouped:
-                continue
+            if q.filtered or q.browse or q.barriers or not q.grouped or q.dirty:
+                continue  # (dirty: something freed after this drain's dispatch, e.g. a destructive claim's acks)
             if not any(s.used < s.backlog for s in q.subs):
                 continue
             self.parked_checks += 1
