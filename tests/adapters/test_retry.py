@@ -249,3 +249,76 @@ def test_a_connected_consumers_leases_renew_until_the_maximum_age_across_a_sigki
                 assert msg.ack(wait=True) == "ok"
     finally:
         assert "Traceback" not in server.terminate()
+
+
+def test_unfinished_deliveries_are_accounted_by_cause_across_a_sigkill(tmp_path):
+    """A failed cancel names its error; a SIGKILL while leased counts the consumer as
+    gone; the per-cause limit dead-letters the message with the whole account."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[[queue]]\nname = "jobs"\ndead_letter = "jobs.dead"\nmax_failures = 2\n')
+    server = ServerProcess(tmp_path, config=cfg).start()
+    try:
+        with zq.connect(server.endpoint, name="host:1 worker-a") as c:
+            a = c.publish("jobs", b"poison")
+            with c.subscribe("jobs") as sub:
+                assert sub.get(5).cancel(error=ValueError("row 7 is not a date")) == "ok"
+                sub.get(5)  # delivered again; the dispatcher dies while it is held
+        server.kill()
+        server.start()
+        with zq.connect(server.endpoint) as c:
+            doc = c.explain("jobs", a)
+            causes = doc["causes"]
+            assert (causes["failed"], causes["consumer_gone"], causes["cancelled"]) == (1, 1, 0), causes
+            assert causes["last_error"] == "ValueError('row 7 is not a date')"
+            assert causes["last_consumer"].endswith("host:1 worker-a")  # (the client puts its host:pid first)
+            with zq.Worker(server.endpoint, "jobs") as w:
+                msg = w.get(5)
+                assert msg.deliveries == 3
+                assert w.cancel_many([msg], error="still broken") == {a: "ok"}  # the second failure: dead-lettered
+            with c.subscribe("jobs.dead") as dead_sub:
+                dead = dead_sub.get(5)
+                h = dead.headers
+                assert (h["zq.reason"], h["zq.failed"], h["zq.consumer_gone"], h["zq.error"]) == \
+                    ("max-failures", "2", "1", "still broken")
+                assert int(h["zq.first_failure_ms"]) <= int(h["zq.last_failure_ms"])
+                dead.ack()
+            assert c.stats()["queues"]["jobs"]["failed"] == 1  # since this start
+    finally:
+        assert "Traceback" not in server.terminate()
+
+
+def test_bad_errors_get_clear_answers(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        b = c.publish("jobs", b"x")
+        with c.subscribe("jobs") as sub:
+            msg = sub.get(5)
+            with pytest.raises(TypeError, match="error"):
+                msg.cancel(error=42)
+            assert msg.cancel(error="x" * 100_000) == "ok"  # the client cuts it to 1,024 characters
+            again = sub.get(5)
+            assert c.explain("jobs", b)["causes"]["last_error"] == "x" * 1024
+            again.ack()
+    raw = raw_dealer(dispatcher.endpoint)
+    try:
+        raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "raw")))
+        raw.send(wire.encode(wire.Publish(1, "jobs", [(b"x", {}, None)])))
+        [b] = frames_until(raw, wire.Confirm).bookmarks
+        raw.send(wire.encode(wire.Subscribe(2, "s", "jobs", 1)))
+        assert frames_until(raw, wire.DeliverRecords).deliveries == [1]
+        raw.send(wire.encode(wire.Cancel("s", [b], [1], 3, -1, "y" * 1025)))
+        assert "1024" in frames_until(raw, wire.Error).message
+        raw.send(wire.encode(wire.Cancel("s", [b], [1], 4, -1, "boom")))
+        assert frames_until(raw, wire.Reply).data == {"ok": [b]}
+    finally:
+        raw.close(0)
+
+
+def test_zq_consume_exec_records_why_a_command_failed(dispatcher, tmp_path):
+    with zq.connect(dispatcher.endpoint) as c:
+        b = c.publish("orders", b"x")
+    out = subprocess.run([sys.executable, "-m", "zq.cli", "consume", "orders", "--exec", "exit 3", "--limit", "1",
+                          "-e", dispatcher.endpoint], env=env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "exited 3" in out.stderr, out.stderr
+    with zq.connect(dispatcher.endpoint) as c:
+        causes = c.explain("orders", b)["causes"]
+        assert causes["failed"] == 1 and causes["last_error"] == "`exit 3` exited 3"

@@ -210,7 +210,9 @@ def test_cancel_counts_toward_max_cancels_then_the_message_expires_and_is_dead_l
     assert [(e.bookmarks, e.reason) for e in expired] == [([seq], R.REASON_MAX_CANCELS)]
     dead = [r for r in h.records if isinstance(r, R.Message) and r.topic == "jobs.failed"]
     assert len(dead) == 1 and dead[0].copy_of == seq
-    assert dead[0].headers == {"zq.reason": "max-cancels", "zq.queue": "jobs", "zq.deliveries": "2", "zq.bookmark": str(seq)}
+    assert dead[0].headers == {"zq.reason": "max-cancels", "zq.queue": "jobs", "zq.deliveries": "2", "zq.bookmark": str(seq),
+                               "zq.cancelled": "2", "zq.failed": "0", "zq.lease_expired": "0", "zq.consumer_gone": "0",
+                               "zq.first_failure_ms": "0", "zq.last_failure_ms": "0", "zq.consumer": "s"}
     assert h.engine.queues["jobs.failed"].depth == 1  # the dead-letter queue holds it
 
 

@@ -67,7 +67,8 @@ def test_leases_of_connected_workers_are_renewed_up_to_their_maximum_age():
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
      "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned",
-     "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews"],
+     "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews",
+     "causes-miss-lease-expiries"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -107,6 +108,12 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
                     self.end_lease_of(seq, R.LEASE_EXPIRED)
 
         monkeypatch.setattr(Queue, "renew", renew)
+    elif bug == "causes-miss-lease-expiries":
+        from zq.core import records as R
+
+        original_note = Queue.note_cause
+        monkeypatch.setattr(Queue, "note_cause", lambda self, seq, kind, consumer, now_ms, error="": "" if
+                            kind == R.LEASE_EXPIRED else original_note(self, seq, kind, consumer, now_ms, error))
     elif bug == "fence-ignores-epochs":
         monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":

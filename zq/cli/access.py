@@ -311,6 +311,12 @@ def register_management(app: typer.Typer) -> None:
                                                        "this fraction either way (0..1, default 0.1)"),
         max_lease_age: Optional[str] = typer.Option(None, "--max-lease-age", help="a connected consumer's leases "
                                                     "renew by themselves until a delivery is this old, e.g. 10m"),
+        max_failures: int = typer.Option(0, "--max-failures", help="cancels naming an error before a message is "
+                                         "dead-lettered (0: no limit)"),
+        max_lease_expiries: int = typer.Option(0, "--max-lease-expiries", help="lease expiries before a message is "
+                                               "dead-lettered (0: no limit)"),
+        max_consumer_gone: int = typer.Option(0, "--max-consumer-gone", help="deliveries whose consumer went away "
+                                              "before a message is dead-lettered (0: no limit)"),
         as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
@@ -325,6 +331,8 @@ def register_management(app: typer.Typer) -> None:
             "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
             "backoff": [step.strip() for step in backoff.split(",")] if backoff else None,
             "backoff_jitter": backoff_jitter, "max_lease_age": max_lease_age,
+            "max_failures": max_failures or None, "max_lease_expiries": max_lease_expiries or None,
+            "max_consumer_gone": max_consumer_gone or None,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))

@@ -253,7 +253,7 @@ def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: fl
                                f"{msg.deliveries}) after its lease had ended: the message was delivered again "
                                "and its work will run again (a longer lease on the queue avoids this)", err=True)
                 return
-            msg.cancel()
+            msg.cancel(error=f"`{command[:200]}` exited {rc}")  # counted as failed; its dead letter says why
             typer.echo(f"zq consume: the command exited {rc} for bookmark {msg.bookmark} (delivery "
                        f"{msg.deliveries}): cancelled; {on_failure}", err=True)
         finally:

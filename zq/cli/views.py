@@ -141,6 +141,14 @@ def explain_text(doc: dict) -> str:
     known = [f for f in facts if f]
     lines = [head + (f" ({', '.join(known)})" if known else "")]
     lines += [f"  {reason}" for reason in doc.get("why", [])]
+    c = doc.get("causes")
+    if c:
+        counts = ", ".join(f"{n} {label}" for n, label in ((c["cancelled"], "cancelled"), (c["failed"], "failed"),
+                                                            (c["lease_expired"], "lease expired"),
+                                                            (c["consumer_gone"], "consumer gone")) if n)
+        last = f"; last error {c['last_error']!r}" if c.get("last_error") else ""
+        who = f"; last consumer {c['last_consumer']}" if c.get("last_consumer") else ""
+        lines.append(f"  unfinished deliveries: {counts or 'none'}{last}{who}")
     events = doc.get("history", [])
     if events:
         lines.append("history:" if doc.get("history_complete", True) else

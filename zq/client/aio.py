@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from zq.client.client import Client
 from zq.client.messages import Message, Subscription
-from zq.client.session import duration_arg
+from zq.client.session import duration_arg, error_arg
 
 
 T = TypeVar("T")
@@ -95,19 +95,21 @@ class AsyncSubscription:
     def ack_many(self, messages: list[Message]) -> None:
         self.sub.ack_many(messages)
 
-    async def settle(self, op: str, messages: list[Message], *, delay: float | None = None) -> dict[int, str]:
+    async def settle(self, op: str, messages: list[Message], *, delay: float | None = None,
+                     error: str | BaseException | None = None) -> dict[int, str]:
         """Settle now (``ack``, ``cancel`` or ``expire``) and await the dispatcher's
         verdicts: bookmark -> ``ok`` / ``lost`` / ``done`` / ``unknown`` (fenced leases;
         ``msg.ack(wait=True)`` would block the event loop). ``delay`` (a cancel's):
         the messages go again after that many seconds instead of the queue's backoff."""
         if op not in ("ack", "cancel", "expire"):
             raise ValueError(f"settle op is ack, cancel or expire, not {op!r}")
-        if delay is not None and op != "cancel":
-            raise ValueError("only a cancel takes a delay")
+        if (delay is not None or error is not None) and op != "cancel":
+            raise ValueError("only a cancel takes a delay or an error")
         delay_ms = duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1
+        text = error_arg(error) if error is not None else ""
         live = [m for m in messages if m.deliveries]
         return await asyncio.get_running_loop().run_in_executor(None, lambda: self.sub._settle_wait(
-            op, live, delay_ms=delay_ms))
+            op, live, delay_ms=delay_ms, error=text))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.sub.close)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from zq import wire
-from zq.client.session import bookmark_arg, duration_arg, results_by_bookmark, settle_command
+from zq.client.session import bookmark_arg, duration_arg, error_arg, results_by_bookmark, settle_command
 from zq.core import records as R
 from zq.core.errors import ZqError
 
@@ -162,15 +162,18 @@ class Message:
         ``"unknown"``. Every settle is fenced by this delivery's count either way."""
         return self._settle("ack", wait)
 
-    def cancel(self, *, wait: bool = False, delay: float | None = None) -> Any:
+    def cancel(self, *, wait: bool = False, delay: float | None = None, error: str | BaseException | None = None) -> Any:
         """Give the message back: it goes again after its queue's retry schedule
         (``backoff``; at once without one), or after ``delay`` seconds when given (0: at
-        once). A cancel with its own delay is sent at once and returns the verdict."""
-        if delay is not None:
+        once). With ``error`` (why the work failed: a string or the exception) the
+        delivery counts as *failed* (``max_failures``) and its dead letter will carry the
+        error. A cancel with a delay or an error is sent at once and returns the verdict."""
+        if delay is not None or error is not None:
             if not self.deliveries:
                 return "ok"
-            ms = duration_arg(delay, "delay", allow_zero=True)
-            return self._sub._settle_wait("cancel", [self], delay_ms=ms)[self.bookmark]
+            ms = duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1
+            text = error_arg(error) if error is not None else ""
+            return self._sub._settle_wait("cancel", [self], delay_ms=ms, error=text)[self.bookmark]
         return self._settle("cancel", wait)
 
     def expire(self, *, wait: bool = False) -> Any:
@@ -293,13 +296,15 @@ class Subscription(MessageStream):
         / ``unknown`` (see ``Message.ack``)."""
         return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False,
-                    delay: float | None = None) -> dict[int, str] | None:
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False, delay: float | None = None,
+                    error: str | BaseException | None = None) -> dict[int, str] | None:
         """Cancel several messages: each goes again after the queue's backoff, or after
-        ``delay`` seconds (0: at once; sent at once and answered, like ``wait=True``)."""
-        if delay is not None:
+        ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
+        With a delay or an error they are sent at once and answered, like ``wait=True``."""
+        if delay is not None or error is not None:
             return self._settle_wait("cancel", [m for m in messages if m.deliveries],
-                                     delay_ms=duration_arg(delay, "delay", allow_zero=True))
+                                     delay_ms=duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1,
+                                     error=error_arg(error) if error is not None else "")
         return self._settle_many("cancel", messages, wait)
 
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
@@ -312,7 +317,7 @@ class Subscription(MessageStream):
         return None
 
     def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0,
-                     delay_ms: int = -1) -> dict[int, str]:
+                     delay_ms: int = -1, error: str = "") -> dict[int, str]:
         """Settle now and wait for the dispatcher's verdict on each message. A message
         of an earlier session is ``lost`` without asking: its lease ended with it."""
         gen = self.client.generation
@@ -321,8 +326,8 @@ class Subscription(MessageStream):
         if live:
             bookmarks = [m.bookmark for m in live]
             epochs = [m.deliveries for m in live]
-            answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req, delay_ms),
-                                          timeout=timeout)
+            answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req, delay_ms,
+                                                                     error), timeout=timeout)
             results.update(results_by_bookmark(answer, bookmarks))
         return results
 

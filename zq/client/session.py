@@ -95,11 +95,21 @@ SETTLE_COMMANDS = {"ack": wire.Ack, "cancel": wire.Cancel, "expire": wire.Expire
 
 
 def settle_command(op: str, sub_id: str, bookmarks: list[int], epochs: list[int], req: int,
-                   delay_ms: int = -1) -> object:
-    """An answered settle; a cancel may carry its own delay."""
-    if op == "cancel" and delay_ms >= 0:
-        return wire.Cancel(sub_id, bookmarks, epochs, req, delay_ms)
+                   delay_ms: int = -1, error: str = "") -> object:
+    """An answered settle; a cancel may carry its own delay and the error it failed with."""
+    if op == "cancel" and (delay_ms >= 0 or error):
+        return wire.Cancel(sub_id, bookmarks, epochs, req, delay_ms, error)
     return SETTLE_COMMANDS[op](sub_id, bookmarks, epochs, req)
+
+
+def error_arg(error: object) -> str:
+    """A failed cancel's error: a string (an exception is taken as ``repr``), cut to
+    ``ERROR_TEXT_MAX`` characters, so a long traceback never turns a nack into a refusal."""
+    if isinstance(error, BaseException):
+        error = repr(error)
+    if not isinstance(error, str):
+        raise TypeError(f"error: a string or an exception, got {type(error).__name__}")
+    return error[: limits.ERROR_TEXT_MAX]
 
 
 def send_settles(sock: zmq.Socket, sub_id: str, settles: list[tuple[str, int, int]]) -> bool:

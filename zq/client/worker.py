@@ -46,6 +46,7 @@ from zq.client.session import (
     NOBLOCK,
     POLLIN,
     duration_arg,
+    error_arg,
     settle_command,
     ConnectionLost,
     check_target,
@@ -155,13 +156,15 @@ class Worker(MessageStream):
         wait for the verdicts: bookmark -> ``ok`` / ``lost`` / ``done`` / ``unknown``."""
         return self._settle_many("ack", messages, wait)
 
-    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False,
-                    delay: float | None = None) -> dict[int, str] | None:
+    def cancel_many(self, messages: Iterable[Message], *, wait: bool = False, delay: float | None = None,
+                    error: str | BaseException | None = None) -> dict[int, str] | None:
         """Cancel several messages: each goes again after the queue's backoff, or after
-        ``delay`` seconds (0: at once; sent at once and answered, like ``wait=True``)."""
-        if delay is not None:
+        ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
+        With a delay or an error they are sent at once and answered, like ``wait=True``."""
+        if delay is not None or error is not None:
             return self._settle_wait("cancel", [m for m in messages if m.deliveries],
-                                     delay_ms=duration_arg(delay, "delay", allow_zero=True))
+                                     delay_ms=duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1,
+                                     error=error_arg(error) if error is not None else "")
         return self._settle_many("cancel", messages, wait)
 
     def heartbeat(self) -> None:
@@ -208,7 +211,7 @@ class Worker(MessageStream):
         return None
 
     def _settle_wait(self, op: str, messages: list[Message], timeout: float = 30.0,
-                     delay_ms: int = -1) -> dict[int, str]:
+                     delay_ms: int = -1, error: str = "") -> dict[int, str]:
         """Settle now (after the settles made before) and wait for each verdict. A
         message of an earlier session is ``lost`` without asking: its lease ended with it.
         ``delay_ms``: a cancel's own delay (-1: the queue's backoff)."""
@@ -220,7 +223,7 @@ class Worker(MessageStream):
         self._flush()
         req = next(self._reqs)
         bookmarks = [m.bookmark for m in live]
-        self._send(settle_command(op, self.sub_id, bookmarks, [m.deliveries for m in live], req, delay_ms))
+        self._send(settle_command(op, self.sub_id, bookmarks, [m.deliveries for m in live], req, delay_ms, error))
         deadline = time.monotonic() + timeout
         while req not in self._replies:
             if self.generation != gen:  # the session was lost while waiting: so were these leases

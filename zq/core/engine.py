@@ -114,6 +114,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if settings.target_queue_depth and self.scan is None:
             raise ConfigError(f"queue {settings.name!r}: target_queue_depth needs an engine with a journal scan port")
         q = Queue(settings)
+        q.names = self.consumer_names  # shared: causes name the consumer as it named itself
         self.queues[settings.name] = q
         self.route_cache.clear()
         if declare:
@@ -557,7 +558,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 del self.subs_of_consumer[sub.consumer]
                 if sub.consumer in self.consumer_names:  # kept until its last events are out (drain)
                     self.names_to_forget.append(sub.consumer)
-        sub.queue.remove_subscription(sub)
+        sub.queue.remove_subscription(sub, self.now_ms)
 
     def disconnect(self, consumer: str, now_ms: int) -> None:
         """A consumer is gone: every subscription of it ends, leases break at once."""
@@ -614,7 +615,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         return refused
 
     def settle(self, op: str, sub_id: str, seqs: list[int], epochs: list[int] | None, now_ms: int,
-               extra_ms: int = 0, delay_ms: int = -1) -> dict[str, list[int]]:
+               extra_ms: int = 0, delay_ms: int = -1, error: str = "") -> dict[str, list[int]]:
         """Ack, cancel, expire or extend (``extra_ms``) with fencing: each bookmark's
         ``epochs`` entry is the delivery count it was delivered with, and a settle
         naming a delivery that is no longer live is not applied. Returns the bookmarks
@@ -633,7 +634,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if epochs:
                 seqs, stale = q.fence(sub, seqs, epochs)
             if op == "cancel":
-                refused = self.cancel(sub_id, seqs, now_ms, delay_ms)
+                refused = self.cancel(sub_id, seqs, now_ms, delay_ms, error)
             elif op == "expire":
                 refused = self.expire(sub_id, seqs, now_ms)
             else:
@@ -648,15 +649,18 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q.lost_settles += len(lost)
         return results
 
-    def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int, delay_ms: int = -1) -> list[int]:
+    def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int, delay_ms: int = -1, error: str = "") -> list[int]:
         """Cancel deliveries: each message goes again after the queue's retry schedule,
-        or after ``delay_ms`` (0: at once; -1: the schedule)."""
+        or after ``delay_ms`` (0: at once; -1: the schedule). With ``error`` (why the
+        work failed) the deliveries count as failed (``max_failures``)."""
         self.set_time(now_ms)
         if not -1 <= delay_ms <= limits.DURATION_MS_MAX:
             raise ProtocolError(f"a cancel's delay must be 0..{limits.DURATION_MS_MAX} ms (-1: the queue's backoff)")
+        if len(error) > limits.ERROR_TEXT_MAX:
+            raise ProtocolError(f"a cancel's error is at most {limits.ERROR_TEXT_MAX} characters")
         sub = self.sub(sub_id)
         now = self.now_ms
-        return [seq for seq in seqs if sub.queue.cancel(sub, seq, now, delay_ms) is not None]
+        return [seq for seq in seqs if sub.queue.cancel(sub, seq, now, delay_ms, error) is not None]
 
     def expire(self, sub_id: str, seqs: Iterable[int], now_ms: int) -> list[int]:
         self.set_time(now_ms)
@@ -750,6 +754,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 if consumer not in self.subs_of_consumer:
                     self.consumer_names.pop(consumer, None)
             self.names_to_forget = []
+        for q in self.queues.values():
+            if q.causes_done:
+                q.causes_done = {}
         out = Output(self.records, self.deliveries)
         self.records, self.deliveries = [], []
         self.step_messages = None
@@ -787,6 +794,16 @@ class Engine(ManagementMixin, TargetDepthMixin):
             "zq.deliveries": str(deliveries),
             "zq.bookmark": str(seq),
         }
+        causes = q.causes_done.get(seq) or q.causes.get(seq)
+        if causes is not None:  # why its deliveries ended unfinished, by cause
+            headers.update({"zq.cancelled": str(causes.cancelled), "zq.failed": str(causes.failed),
+                            "zq.lease_expired": str(causes.lease_expired),
+                            "zq.consumer_gone": str(causes.consumer_gone),
+                            "zq.first_failure_ms": str(causes.first_ms), "zq.last_failure_ms": str(causes.last_ms)})
+            if causes.last_error:
+                headers["zq.error"] = causes.last_error
+            if causes.last_consumer:
+                headers["zq.consumer"] = causes.last_consumer
         queues = self.route_or_create(target, dead_letter=False)
         new_seq = self.take_seq()
         self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
@@ -871,6 +888,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "delayed": len(q.delayed) + len(q.inactive_due),
                 "retries_delayed": q.retries_delayed,
                 "renewed": q.renewed,
+                "failed": q.failed,
+                "lease_expiries": q.lease_expiries,
+                "consumers_gone": q.consumers_gone,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
@@ -971,11 +991,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
         done: dict[str, set[int]] = {name: set() for name in eng.queues}
         counts: dict[str, dict[int, list[int]]] = {name: {} for name in eng.queues}
         delays: dict[str, dict[int, int]] = {name: {} for name in eng.queues}
+        causes: dict[str, CauseFold] = {name: CauseFold() for name in eng.queues}
         for ev in events:
             q = eng.queues.get(ev.queue)
             if q is None:
                 continue
             fold_event(q, ev, done[ev.queue], counts[ev.queue], delays[ev.queue])
+            if not q.at_most_once:
+                causes[ev.queue].fold(ev)
         starts = {name: max(recovery_points.get(name, q.settings.start_seq), q.settings.start_seq)
                   for name, q in eng.queues.items()}
         for msg in messages:
@@ -1014,6 +1037,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 c = counts[q.name].get(msg.seq)
                 if c is not None:
                     q.restore_counts(msg.seq, gid, c[0], c[1])
+                    causes[q.name].restore(q, msg.seq)
                 if due and not barrier and not q.browse:  # it waits for the rest of its time (advance wakes it)
                     q.mark_delayed(msg.seq, gid, due, R.DELAY_BACKOFF, journal=False)
         for q in eng.queues.values():
@@ -1021,8 +1045,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if q.inactive:  # acknowledged before they were read in: skip them when they are
                 q.early_acks = {s for s in done[q.name] if s >= q.tqd_cursor}
             eng.rp_written[q.name] = recovery_points.get(q.name, -1)
-            if q.settings.max_deliveries and not q.at_most_once:
+            if not q.at_most_once and (q.settings.max_deliveries or q.cause_limits):
                 expire_exhausted(q)
+            eng.names_to_forget.extend(causes[q.name].named)
         return eng
 
 
@@ -1049,15 +1074,78 @@ def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int
 
 
 def expire_exhausted(q: Queue) -> None:
-    """Recovery: a message whose deliveries ran out while leased expires now, as
-    it would have when its lease broke."""
+    """Recovery: a message whose deliveries ran out while leased (or whose consumers
+    went away, with this crash, as often as ``max_consumer_gone`` allows) expires now,
+    as it would have when its lease broke."""
     limit = q.settings.max_deliveries
-    exhausted = [seq for seq in q.meta if q.deliveries_of(seq) >= limit]
-    if exhausted:
-        for seq in exhausted:
-            q.remove_available(seq)
-            q.expired_out.append((seq, R.REASON_MAX_DELIVERIES, q.deliveries_of(seq), q.group_name_of(seq)))
+    gone = q.settings.max_consumer_gone
+    for seq in list(q.meta):
+        reason = ""
+        if limit and q.deliveries_of(seq) >= limit:
+            reason = R.REASON_MAX_DELIVERIES
+        elif gone and (c := q.causes.get(seq)) is not None and c.consumer_gone >= gone:
+            reason = R.REASON_MAX_CONSUMER_GONE
+        if reason and q.remove_available(seq):
+            q.expired_out.append((seq, reason, q.deliveries_of(seq), q.group_name_of(seq)))
             q.expired += 1
+
+
+class CauseFold:
+    """Recovery's account of why deliveries ended unfinished, per message, from the
+    events: cancels (with an error: failed), lease expiries, consumers gone; a delivery
+    still open when the journal ends was cut by the dispatcher's death: consumer gone."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list[int]] = {}  # seq -> [cancelled, failed, expired, gone, first ms, last ms]
+        self.last: dict[int, tuple[str, str]] = {}  # seq -> (last error, last consumer)
+        self.open: dict[int, tuple[int, str, str, int]] = {}  # seq -> (ts, name, consumer, deliveries): not ended
+        self.named: list[str] = []  # consumers whose HELLO names recovery put back for its events
+
+    def fold(self, ev: R.Event) -> None:
+        kind = ev.kind
+        if kind == R.LEASED:
+            who = ev.consumer_name or ev.consumer
+            for seq, d in zip(ev.bookmarks, ev.deliveries):
+                self.open[seq] = (ev.ts_ms, who, ev.consumer, d)
+            return
+        if kind in (R.ACKED, R.EXPIRED):
+            for seq in ev.bookmarks:
+                self.open.pop(seq, None)
+            return
+        if kind == R.CANCELLED:
+            slot = 1 if ev.reason else 0
+        elif kind == R.LEASE_EXPIRED:
+            slot = 2
+        elif kind == R.RETURNED:
+            slot = 3
+        else:
+            return
+        who = ev.consumer_name or ev.consumer
+        for seq in ev.bookmarks:
+            self.open.pop(seq, None)
+            self.note(seq, slot, ev.ts_ms, ev.reason if slot == 1 else None, who)
+
+    def note(self, seq: int, slot: int, ts_ms: int, error: str | None, who: str) -> None:
+        c = self.counts.get(seq)
+        if c is None:
+            c = self.counts[seq] = [0, 0, 0, 0, ts_ms, ts_ms]
+        c[slot] += 1
+        c[5] = max(c[5], ts_ms)
+        old_error = self.last.get(seq, ("", ""))[0]
+        self.last[seq] = (error if error is not None else old_error, who)
+
+    def restore(self, q: Queue, seq: int) -> None:
+        opened = self.open.pop(seq, None)
+        if opened is not None:  # held when the dispatcher died: journaled, so the next recovery counts it once
+            self.note(seq, 3, opened[0], None, opened[1])
+            q.note_event(R.RETURNED, opened[2], seq, opened[3], R.RETURN_RESTART)
+            if opened[1] != opened[2]:  # the event names the consumer as it named itself (then forgotten)
+                q.names[opened[2]] = opened[1]
+                self.named.append(opened[2])
+        c = self.counts.get(seq)
+        if c is not None:
+            error, who = self.last[seq]
+            q.restore_causes(seq, c, error, who)
 
 
 def latency_key(ms: int) -> int:

@@ -29,6 +29,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     q: Queue = engine.queue(queue)  # type: ignore[attr-defined]
     out: dict[str, Any] = {"queue": queue, "bookmark": seq}
     out["deliveries"], out["cancels"] = q.deliveries_of(seq), q.cancels_of(seq)
+    causes = q.causes_of(seq)
+    if causes is not None:  # why earlier deliveries ended unfinished
+        out["causes"] = causes.as_dict()
     group = group_of(q, seq, headers)
     if group is not None:
         out["group"] = group

@@ -11,6 +11,7 @@ TOPIC_BYTES_MAX = 480  # also a queue's name: LMDB keys hold at most 511 bytes (
 NAME_BYTES_MAX = 128  # a subscription, claim or replay id chosen by a client
 QUEUES_MAX = 10_000  # queues in one dispatcher, declared and auto-created
 DURATION_MS_MAX = 100 * 365 * 86_400_000  # any duration (lease, expiration, dedup window, extension): 100 years
+ERROR_TEXT_MAX = 1024  # a failed cancel's error string (characters)
 BACKOFF_STEPS_MAX = 32  # steps of a queue's retry schedule (backoff)
 COUNT_MAX = 1 << 53  # any size or count setting (max_depth, max_bytes, target_queue_depth)
 BACKLOG_MAX = 65_536  # per subscription

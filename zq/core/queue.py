@@ -142,6 +142,30 @@ class Lease:
         self.live = 0  # how many of ``seqs`` this lease still holds
 
 
+class Causes:
+    """Why a message's deliveries ended unfinished, by cause: kept only for messages
+    that had such an end (journaled as events, rebuilt by recovery), and carried by
+    their dead letters."""
+
+    __slots__ = ("cancelled", "failed", "lease_expired", "consumer_gone", "last_error", "last_consumer",
+                 "first_ms", "last_ms")
+
+    def __init__(self, now_ms: int) -> None:
+        self.cancelled = 0  # cancels without an error
+        self.failed = 0  # cancels naming an error
+        self.lease_expired = 0
+        self.consumer_gone = 0  # its holder's session ended, or the dispatcher died, while it was held
+        self.last_error = ""
+        self.last_consumer = ""
+        self.first_ms = now_ms
+        self.last_ms = now_ms
+
+    def as_dict(self) -> dict[str, object]:
+        return {"cancelled": self.cancelled, "failed": self.failed, "lease_expired": self.lease_expired,
+                "consumer_gone": self.consumer_gone, "last_error": self.last_error,
+                "last_consumer": self.last_consumer, "first_ms": self.first_ms, "last_ms": self.last_ms}
+
+
 class Group:
     __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count", "held")
 
@@ -252,6 +276,13 @@ class Queue:
         self.inactive_due: dict[int, int] = {}  # TargetQueueDepth: delays of journal-only messages
         self.retries_delayed = 0  # returns that waited for the retry schedule (stats)
         self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
+        # Delivery accounting by cause (see Causes); ``causes_done``: this step's finished
+        # messages' (their dead letters carry them), cleared by the engine after each drain.
+        self.causes: dict[int, Causes] = {}
+        self.causes_done: dict[int, Causes] = {}
+        self.cause_limits = bool(s.max_failures or s.max_lease_expiries or s.max_consumer_gone)
+        self.failed = self.lease_expiries = self.consumers_gone = 0  # stats
+        self.names: dict[str, str] = {}  # consumer -> the name it gave at HELLO (the engine's, shared)
         self.backoff = s.backoff_ms
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
@@ -930,6 +961,10 @@ class Queue:
         self.meta.pop(seq, None)
         if self.delayed:
             self.delayed.pop(seq, None)
+        if self.causes:
+            c = self.causes.pop(seq, None)
+            if c is not None:
+                self.causes_done[seq] = c
         if self.ordered:
             self.ranks.pop(seq, None)
         if self.sizes is not None:
@@ -1006,6 +1041,8 @@ class Queue:
                 continue
             del lease_of[seq]
             lease.live -= 1
+            if self.causes:
+                self.causes.pop(seq, None)
             busy += now_ms - lease.started_ms
             events.append((seq, m & _D_MASK))
             done += 1
@@ -1059,9 +1096,10 @@ class Queue:
             return "done"
         return "unknown"
 
-    def cancel(self, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: int = -1) -> str | None:
+    def cancel(self, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: int = -1, error: str = "") -> str | None:
         """Cancel (nack) a delivery: the message goes again after the queue's retry
-        schedule, or after ``delay_ms`` when the cancel names one (0: at once)."""
+        schedule, or after ``delay_ms`` when the cancel names one (0: at once). With
+        ``error`` the delivery *failed*: counted as such, and kept as the last error."""
         if self.browse:
             return self.browse_settle(sub, seq)
         lease = self.lease_of.get(seq)
@@ -1071,17 +1109,52 @@ class Queue:
         self.cancelled += 1
         if self.at_most_once:
             self.finish(seq, m >> _G_SHIFT)
-            self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK)
+            self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)
             return None
         m += _C_ONE
         self.meta[seq] = m
-        self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK)
+        self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)  # the reason of a failure: its error
+        over = self.note_cause(seq, R.CANCELLED, sub.consumer, now_ms, error)
         max_cancels = self.settings.max_cancels
         if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
             self.expire_leased(seq, m, R.REASON_MAX_CANCELS)
+        elif over:
+            self.expire_leased(seq, m, over)
         else:
             self.come_back(seq, m, now_ms, delay_ms)
         return None
+
+    def note_cause(self, seq: int, kind: str, consumer: str, now_ms: int, error: str = "") -> str:
+        """Count why a delivery of ``seq`` ended unfinished; returns the dead-letter
+        reason when that cause's limit is reached, else ""."""
+        c = self.causes.get(seq)
+        if c is None:
+            c = self.causes[seq] = Causes(now_ms)
+        s = self.settings
+        limit = 0
+        if kind == R.CANCELLED:
+            if error:
+                c.failed += 1
+                c.last_error = error
+                self.failed += 1
+                limit, n, reason = s.max_failures, c.failed, R.REASON_MAX_FAILURES
+            else:
+                c.cancelled += 1
+        elif kind == R.LEASE_EXPIRED:
+            c.lease_expired += 1
+            self.lease_expiries += 1
+            limit, n, reason = s.max_lease_expiries, c.lease_expired, R.REASON_MAX_LEASE_EXPIRIES
+        else:
+            c.consumer_gone += 1
+            self.consumers_gone += 1
+            limit, n, reason = s.max_consumer_gone, c.consumer_gone, R.REASON_MAX_CONSUMER_GONE
+        c.last_consumer = self.names.get(consumer) or consumer
+        if now_ms > c.last_ms:
+            c.last_ms = now_ms
+        return reason if limit and n >= limit else ""
+
+    def causes_of(self, seq: int) -> Causes | None:
+        return self.causes.get(seq)
 
     def expire_request(self, sub: Subscription, seq: int) -> str | None:
         if self.browse:
@@ -1138,15 +1211,20 @@ class Queue:
         return refused
 
     def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
-        """A lease ends without an answer (expiry, unsubscribe, consumer gone). With
-        ``now_ms`` (a lease expiry) the retry schedule applies; a consumer that went away
+        """A lease ends without an answer (expiry, unsubscribe, consumer gone). After a
+        lease expiry the retry schedule applies; a consumer that went away (RETURNED)
         says nothing about the message, which goes again at once."""
         lease, m = self.release(seq)
-        self.note_event(kind, lease.sub.consumer, seq, m & _D_MASK)
+        consumer = lease.sub.consumer
+        self.note_event(kind, consumer, seq, m & _D_MASK)
         if self.at_most_once:
             self.finish(seq, m >> _G_SHIFT)
             return
-        self.come_back(seq, m, now_ms)
+        over = self.note_cause(seq, kind, consumer, max(now_ms, 0))
+        if over:
+            self.expire_leased(seq, m, over)
+            return
+        self.come_back(seq, m, now_ms, -1 if kind == R.LEASE_EXPIRED else 0)
 
     def come_back(self, seq: int, m: int, now_ms: int = -1, delay_ms: int = -1) -> None:
         """A delivery ended unfinished: expire if out of deliveries, else wait again:
@@ -1513,7 +1591,7 @@ class Queue:
             self.filtered += 1
         self.dirty = True
 
-    def remove_subscription(self, sub: Subscription) -> None:
+    def remove_subscription(self, sub: Subscription, now_ms: int = -1) -> None:
         """Break every lease the subscription holds; its messages return in order."""
         self.subs.remove(sub)
         if sub.match is not None:
@@ -1523,7 +1601,7 @@ class Queue:
             if lease.live:
                 for seq in lease.seqs:
                     if self.lease_of.get(seq) is lease:
-                        self.end_lease_of(seq, R.RETURNED)
+                        self.end_lease_of(seq, R.RETURNED, now_ms)
         sub.leases = []
         for gid in sub.owned_groups:
             grp = self.groups.get(gid)
@@ -1710,6 +1788,13 @@ class Queue:
         gid = self.meta.get(seq, 0) >> _G_SHIFT
         grp = self.groups.get(gid) if gid else None
         return grp.name if grp is not None else None
+
+    def restore_causes(self, seq: int, counts: list, error: str, consumer: str) -> None:
+        """Recovery: the causes of a message's unfinished deliveries, from its events:
+        ``counts`` = [cancelled, failed, lease expired, consumer gone, first ms, last ms]."""
+        c = self.causes[seq] = Causes(counts[4])
+        c.cancelled, c.failed, c.lease_expired, c.consumer_gone, c.last_ms = counts[0], counts[1], counts[2], counts[3], counts[5]
+        c.last_error, c.last_consumer = error, consumer
 
     def restore_counts(self, seq: int, gid: int, deliveries: int, cancels: int) -> None:
         """Recovery: re-create the counters of a message delivered before the crash."""

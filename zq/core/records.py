@@ -42,6 +42,10 @@ REASON_REQUESTED = "expire-requested"
 REASON_OVERFLOW = "overflow"
 REASON_REPLACED = "replaced"
 REASON_BARRIER = "barrier"  # a barrier message was delivered to every matching subscriber and left
+REASON_MAX_FAILURES = "max-failures"  # cancelled with an error string this many times
+REASON_MAX_LEASE_EXPIRIES = "max-lease-expiries"
+REASON_MAX_CONSUMER_GONE = "max-consumer-gone"  # its holder's session ended (or the dispatcher died) this often
+RETURN_RESTART = "dispatcher-restart"  # the reason of a ``returned`` event journaled by recovery: held when it died
 NOT_DEAD_LETTERED = (REASON_REPLACED, REASON_BARRIER)  # a last-value queue kept a newer message of the same key (not dead-lettered)
 
 

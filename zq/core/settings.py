@@ -72,6 +72,11 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Session-wide lease renewal: a lease whose holder is still connected (heartbeating)
     # is renewed when it ends, until the delivery is this old; 0 = off (leases just end).
     max_lease_age_ms: int = 0
+    # Per-cause delivery limits (0: none): cancels naming an error, lease expiries, and
+    # deliveries whose consumer went away (or the dispatcher died) while holding it.
+    max_failures: int = 0
+    max_lease_expiries: int = 0
+    max_consumer_gone: int = 0
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:
@@ -142,7 +147,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: lease must be positive")
         if not 1 <= self.max_per_subscription_backlog <= limits.BACKLOG_MAX:
             raise ConfigError(f"{where}: max_per_subscription_backlog must be 1..{limits.BACKLOG_MAX}")
-        for key in ("max_cancels", "max_deliveries"):
+        for key in ("max_cancels", "max_deliveries", "max_failures", "max_lease_expiries", "max_consumer_gone"):
             if not 0 <= getattr(self, key) <= limits.DELIVERIES_MAX:
                 raise ConfigError(f"{where}: {key} must be 0..{limits.DELIVERIES_MAX}")
         if self.browse_only and (self.semantics != "at-least-once" or self.barrier):

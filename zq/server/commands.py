@@ -206,7 +206,7 @@ class Commands:
     # ------------------------------------------------------------- settling
 
     def settle(self, peer_id: bytes, peer: Peer, cmd: wire.Ack | wire.Cancel | wire.Expire | wire.Extend, op: str,
-               now: int, extra_ms: int = 0, delay_ms: int = -1) -> None:
+               now: int, extra_ms: int = 0, delay_ms: int = -1, error: str = "") -> None:
         """Apply a settle, fenced by its epochs; tell the client what was not applied:
         a REFUSED per result (``lost``, ``done``, ``unknown``), or with ``req`` one
         REPLY giving every bookmark's result, ``ok`` included."""
@@ -215,7 +215,8 @@ class Commands:
                 return  # a replay's client took these: room for more
             results = {"unknown-subscription": cmd.bookmarks}
         else:
-            results = self.engine.settle(op, sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, now, extra_ms, delay_ms)
+            results = self.engine.settle(op, sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, now, extra_ms, delay_ms,
+                                         error)
         if cmd.req:
             not_ok = {seq for seqs in results.values() for seq in seqs}
             answer = {"ok": [seq for seq in cmd.bookmarks if seq not in not_ok], **results}
@@ -228,7 +229,7 @@ class Commands:
         self.settle(peer_id, peer, cmd, "ack", now)
 
     def on_cancel(self, peer_id: bytes, peer: Peer, cmd: wire.Cancel, now: int) -> None:
-        self.settle(peer_id, peer, cmd, "cancel", now, delay_ms=cmd.delay_ms)
+        self.settle(peer_id, peer, cmd, "cancel", now, delay_ms=cmd.delay_ms, error=cmd.error)
 
     def on_expire(self, peer_id: bytes, peer: Peer, cmd: wire.Expire, now: int) -> None:
         self.settle(peer_id, peer, cmd, "expire", now)

@@ -131,6 +131,9 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     backoff: list[str] = []  # retry schedule: ["1s", "10s", "1m"]; the last step repeats
     backoff_jitter: float = 0.1
     max_lease_age: str | None = None  # leases of connected consumers renew until a delivery is this old
+    max_failures: int = 0
+    max_lease_expiries: int = 0
+    max_consumer_gone: int = 0
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):

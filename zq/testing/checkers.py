@@ -15,6 +15,8 @@ the safety properties zq promises after every step:
   and every message it does not hold is in its journal-only part;
 * a delayed message (a retry's backoff, a publish's delay) is not delivered before the
   time its ``delayed`` event names;
+* every message's account of unfinished deliveries by cause (cancelled, failed, lease
+  expired, consumer gone) is what its events say, in the engine and on its dead letter;
 * on a queue with ``max_lease_age``, a connected holder's lease does not expire before
   the delivery is that old;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
@@ -52,6 +54,8 @@ class QueueView:
     due: dict[int, int] = field(default_factory=dict)  # delayed: seq -> not before (ms)
     max_lease_age_ms: int = 0  # leases of connected holders renew until a delivery is this old
     leased_at: dict[int, int] = field(default_factory=dict)  # seq -> when its live delivery began
+    causes: dict[int, list[int]] = field(default_factory=dict)  # seq -> [cancelled, failed, expired, gone]
+    tqd: bool = False  # messages read back in from the journal after a restart lose their accounts
 
 
 class Oracle:
@@ -65,7 +69,8 @@ class Oracle:
         if view is None:
             view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy,
                                                    browse=q.settings.browse_only,
-                                                   max_lease_age_ms=q.settings.max_lease_age_ms)
+                                                   max_lease_age_ms=q.settings.max_lease_age_ms,
+                                                   tqd=bool(q.settings.target_queue_depth))
         return view
 
     # ------------------------------------------------------------ feeding
@@ -108,6 +113,7 @@ class Oracle:
                 if not q.filter(content.headers, content.payload, content.topic):
                     continue
             view = self.queue_view(q)
+            self.check_dead_letter(msg)
             if q.barrier_fn is not None:
                 content = engine.message(msg.seq) or msg
                 if q.barrier_fn(content.headers, content.payload, content.topic):
@@ -124,6 +130,18 @@ class Oracle:
                 view.ranks[msg.seq] = (q.level_fn(content.headers, content.payload, content.topic) << 64) | msg.seq
             if group is not None:
                 view.group_open.setdefault(group, set()).add(msg.seq)
+
+    def check_dead_letter(self, msg: R.Message) -> None:
+        """A dead letter carries its original's account by cause, as the events told it."""
+        if msg.copy_of is None or "zq.cancelled" not in msg.headers:
+            return
+        view = self.queues.get(msg.headers.get("zq.queue", ""))
+        if view is None or view.tqd:
+            return
+        want = view.causes.get(msg.copy_of, [0, 0, 0, 0])
+        got = [int(msg.headers[k]) for k in ("zq.cancelled", "zq.failed", "zq.lease_expired", "zq.consumer_gone")]
+        if got != want:
+            raise InvariantError(f"dead letter of {msg.copy_of} says causes {got}, its events say {want}")
 
     def on_event(self, engine: Engine, ev: R.Event) -> None:
         view = self.queues.get(ev.queue)
@@ -154,6 +172,9 @@ class Oracle:
                 self.finish(view, seq)
             elif kind in (R.CANCELLED, R.LEASE_EXPIRED, R.RETURNED):
                 view.held.pop(seq, None)
+                if view.semantics == "at-least-once":
+                    slot = (1 if ev.reason else 0) if kind == R.CANCELLED else 2 if kind == R.LEASE_EXPIRED else 3
+                    view.causes.setdefault(seq, [0, 0, 0, 0])[slot] += 1
                 began = view.leased_at.pop(seq, None)
                 if kind == R.LEASE_EXPIRED and view.max_lease_age_ms and began is not None \
                         and ev.ts_ms - began < view.max_lease_age_ms:
@@ -257,6 +278,13 @@ class Oracle:
                     f"{name}: confirmed but neither finished, waiting nor leased (vanished): {vanished}; "
                     f"waiting/leased but never confirmed or already finished: {stray}"
                 )
+            if at_least_once and not view.tqd and not view.browse:
+                for seq in present:
+                    c = q.causes_of(seq)
+                    got = [c.cancelled, c.failed, c.lease_expired, c.consumer_gone] if c is not None else [0, 0, 0, 0]
+                    if got != view.causes.get(seq, [0, 0, 0, 0]):
+                        raise InvariantError(f"{name}: {seq} has causes {got}, its events say "
+                                             f"{view.causes.get(seq, [0, 0, 0, 0])}")
             held_by: dict[str, int] = {}
             for seq, consumer in view.held.items():
                 held_by[consumer] = held_by.get(consumer, 0) + 1

@@ -92,6 +92,10 @@ class SimOptions:
             )
             if semantics == "at-least-once" and rng.random() < 0.4:  # session-wide renewal up to a maximum age
                 queues[-1] = msgspec.structs.replace(queues[-1], max_lease_age_ms=queues[-1].lease_ms * rng.choice([2, 6]))
+            if semantics == "at-least-once" and rng.random() < 0.3:  # limits per cause of an unfinished delivery
+                queues[-1] = msgspec.structs.replace(queues[-1], max_failures=rng.choice([0, 2, 4]),
+                                                     max_lease_expiries=rng.choice([0, 3]),
+                                                     max_consumer_gone=rng.choice([0, 1, 2]))
             if rng.random() < 0.5:  # a retry schedule: cancels and lease expiries wait before the next try
                 queues[-1] = msgspec.structs.replace(queues[-1], backoff_ms=rng.choice([[30], [20, 100, 400]]),
                                                      backoff_jitter=rng.choice([0.0, 0.5]))
@@ -365,12 +369,13 @@ class Simulator:
         else:
             return  # slow worker: holds on (its leases may expire, and its settles go stale)
         delay_ms = rng.choice([-1, -1, 0, 60]) if op == "cancel" else -1  # -1: the queue's schedule
-        self.settle_fenced(w, op, sorted(chosen), extra_ms, delay_ms)
+        error = rng.choice(["", "", "boom"]) if op == "cancel" else ""  # a failure, or a plain nack
+        self.settle_fenced(w, op, sorted(chosen), extra_ms, delay_ms, error)
         if op != "extend":  # applied or refused, the worker lets go
             w.held = [h for h in w.held if h not in set(chosen)]
 
     def settle_fenced(self, w: Worker, op: str, chosen: list[tuple[int, int]], extra_ms: int,
-                      delay_ms: int = -1) -> None:
+                      delay_ms: int = -1, error: str = "") -> None:
         """Settle as a client does, fenced by each delivery's epoch, and check the
         fence: exactly the live deliveries apply; a stale epoch never settles."""
         q = self.engine.queues[w.queue]
@@ -381,7 +386,7 @@ class Simulator:
         older = sorted((seq, epoch) for seq, epoch in chosen if epoch < by_seq[seq])
         if older:  # the superseded deliveries' settles: none may apply
             results = self.engine.settle(op, w.sub_id, [x[0] for x in older], [x[1] for x in older], self.now_ms, extra_ms,
-                                         delay_ms)
+                                         delay_ms, error)
             if sum(len(v) for v in results.values()) != len(older):
                 raise InvariantError(f"{w.sub_id} {op}: superseded deliveries {older} settled: {results}")
             self.stale_settles += len(older)
@@ -389,7 +394,8 @@ class Simulator:
         live = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub
                 and q.deliveries_of(seq) == by_seq[seq]}
         stale = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub} - live
-        results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms, delay_ms)
+        results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms, delay_ms,
+                                     error)
         refused = {seq for v in results.values() for seq in v}
         if q.browse or q.settings.allow_ack_unleased:
             return  # browsers settle without leases; unleased acks apply by design

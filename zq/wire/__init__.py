@@ -69,6 +69,7 @@ class Cancel(_Cmd, tag="cancel"):
     epochs: list[int] = []  # fencing: the delivery count each bookmark was delivered with; [] = unfenced
     req: int = 0  # non-zero: answer with a REPLY giving every bookmark's result
     delay_ms: int = -1  # the messages go again after this long (0: at once); -1: the queue's backoff
+    error: str = ""  # why the work failed: the deliveries count as failed (max_failures), kept as the last error
 
 
 class Expire(_Cmd, tag="expire"):
