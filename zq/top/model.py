@@ -77,7 +77,14 @@ def oldest_to_explain(m: TopModel) -> tuple[str, int] | None:
 
 def why_line(queue: str, doc: dict) -> str:
     """One line from an explain answer: the oldest message of ``queue`` and what holds it."""
-    return f"oldest waiting in {queue} (bookmark {doc['bookmark']}): " + "; ".join(doc.get("why", []))
+    line = f"oldest waiting in {queue} (bookmark {doc['bookmark']}): " + "; ".join(doc.get("why", []))
+    c = doc.get("causes")
+    if c:  # its earlier deliveries, and how they ended
+        ends = [f"{n} {label}" for n, label in ((c["failed"], "failed"), (c["lease_expired"], "lease expired"),
+                                                (c["consumer_gone"], "consumer gone"), (c["cancelled"], "cancelled")) if n]
+        last = f", last error {c['last_error'][:80]!r}" if c.get("last_error") else ""
+        line += f"; earlier deliveries: {', '.join(ends)}{last}"
+    return line
 
 
 @dataclass
