@@ -69,7 +69,10 @@ def test_explain_reads_its_history_from_the_journal_after_a_sigkill(server):
     with zq.connect(server.endpoint) as c:
         doc = c.explain("orders", b)
     assert doc["state"] == "waiting" and doc["deliveries"] == 2  # the count came back from the journal
-    assert [(e["kind"], e["deliveries"]) for e in doc["history"]] == [("leased", 1), ("cancelled", 1), ("leased", 2)]
+    assert [(e["kind"], e["deliveries"], e["reason"]) for e in doc["history"]] == [
+        ("leased", 1, ""), ("cancelled", 1, ""), ("leased", 2, ""),
+        ("returned", 2, "dispatcher-restart")]  # the restart journals the delivery the SIGKILL cut
+    assert doc["causes"]["consumer_gone"] == 1 and doc["causes"]["cancelled"] == 1
 
 
 def test_explain_on_the_command_line(server):

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from zq.client.client import Client
 from zq.client.messages import Message, Subscription
-from zq.client.session import duration_arg, error_arg
+from zq.client.session import cancel_options
 
 
 T = TypeVar("T")
@@ -105,8 +105,7 @@ class AsyncSubscription:
             raise ValueError(f"settle op is ack, cancel or expire, not {op!r}")
         if (delay is not None or error is not None) and op != "cancel":
             raise ValueError("only a cancel takes a delay or an error")
-        delay_ms = duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1
-        text = error_arg(error) if error is not None else ""
+        delay_ms, text = cancel_options(delay, error) or (-1, "")
         live = [m for m in messages if m.deliveries]
         return await asyncio.get_running_loop().run_in_executor(None, lambda: self.sub._settle_wait(
             op, live, delay_ms=delay_ms, error=text))

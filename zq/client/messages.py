@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from zq import wire
-from zq.client.session import bookmark_arg, duration_arg, error_arg, results_by_bookmark, settle_command
+from zq.client.session import bookmark_arg, cancel_options, duration_arg, results_by_bookmark, settle_command
 from zq.core import records as R
 from zq.core.errors import ZqError
 
@@ -168,12 +168,11 @@ class Message:
         once). With ``error`` (why the work failed: a string or the exception) the
         delivery counts as *failed* (``max_failures``) and its dead letter will carry the
         error. A cancel with a delay or an error is sent at once and returns the verdict."""
-        if delay is not None or error is not None:
+        options = cancel_options(delay, error)
+        if options is not None:
             if not self.deliveries:
                 return "ok"
-            ms = duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1
-            text = error_arg(error) if error is not None else ""
-            return self._sub._settle_wait("cancel", [self], delay_ms=ms, error=text)[self.bookmark]
+            return self._sub._settle_wait("cancel", [self], delay_ms=options[0], error=options[1])[self.bookmark]
         return self._settle("cancel", wait)
 
     def expire(self, *, wait: bool = False) -> Any:
@@ -301,10 +300,10 @@ class Subscription(MessageStream):
         """Cancel several messages: each goes again after the queue's backoff, or after
         ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
         With a delay or an error they are sent at once and answered, like ``wait=True``."""
-        if delay is not None or error is not None:
-            return self._settle_wait("cancel", [m for m in messages if m.deliveries],
-                                     delay_ms=duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1,
-                                     error=error_arg(error) if error is not None else "")
+        options = cancel_options(delay, error)
+        if options is not None:
+            return self._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0],
+                                     error=options[1])
         return self._settle_many("cancel", messages, wait)
 
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:

@@ -102,6 +102,15 @@ def settle_command(op: str, sub_id: str, bookmarks: list[int], epochs: list[int]
     return SETTLE_COMMANDS[op](sub_id, bookmarks, epochs, req)
 
 
+def cancel_options(delay: object, error: object) -> tuple[int, str] | None:
+    """A cancel's own ``delay`` (seconds) and ``error`` as the frame's ``delay_ms`` and
+    ``error``; None for a plain cancel (batched like acks)."""
+    if delay is None and error is None:
+        return None
+    return (duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1,
+            error_arg(error) if error is not None else "")
+
+
 def error_arg(error: object) -> str:
     """A failed cancel's error: a string (an exception is taken as ``repr``), cut to
     ``ERROR_TEXT_MAX`` characters, so a long traceback never turns a nack into a refusal."""

@@ -45,8 +45,7 @@ from zq.client.session import (
     EVENTS,
     NOBLOCK,
     POLLIN,
-    duration_arg,
-    error_arg,
+    cancel_options,
     settle_command,
     ConnectionLost,
     check_target,
@@ -161,10 +160,10 @@ class Worker(MessageStream):
         """Cancel several messages: each goes again after the queue's backoff, or after
         ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
         With a delay or an error they are sent at once and answered, like ``wait=True``."""
-        if delay is not None or error is not None:
-            return self._settle_wait("cancel", [m for m in messages if m.deliveries],
-                                     delay_ms=duration_arg(delay, "delay", allow_zero=True) if delay is not None else -1,
-                                     error=error_arg(error) if error is not None else "")
+        options = cancel_options(delay, error)
+        if options is not None:
+            return self._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0],
+                                     error=options[1])
         return self._settle_many("cancel", messages, wait)
 
     def heartbeat(self) -> None:

@@ -6,9 +6,12 @@ the ``latest`` callable the loop hands over (this module does not know the loop)
 
 Metric names (all labelled by ``queue`` where per queue):
 
-* ``zq_queue_depth``, ``zq_queue_leased``, ``zq_queue_consumers``, ``zq_queue_groups`` (gauges)
+* ``zq_queue_depth``, ``zq_queue_delayed`` (of them, waiting for a retry or a publish's
+  delay), ``zq_queue_leased``, ``zq_queue_consumers``, ``zq_queue_groups`` (gauges)
 * ``zq_published_total``, ``zq_delivered_total``, ``zq_acked_total``, ``zq_cancelled_total``,
-  ``zq_expired_total``, ``zq_dead_lettered_total``, ``zq_redelivered_total`` (counters)
+  ``zq_expired_total``, ``zq_dead_lettered_total``, ``zq_redelivered_total``, and unfinished
+  deliveries by cause: ``zq_failed_total``, ``zq_lease_expiries_total``,
+  ``zq_consumers_gone_total`` (counters)
 * ``zq_queue_oldest_message_seconds`` (gauge; 0 when nothing waits)
 * ``zq_ack_latency_seconds`` (histogram: publish -> ack; ``_bucket``, ``_sum``, ``_count``)
 * ``zq_journal_bytes``, ``zq_uptime_seconds``, ``zq_peers``, ``zq_workers`` (gauges)
@@ -24,7 +27,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from zq.core.errors import ConfigError
 
-COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered")
+COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered", "failed",
+            "lease_expiries", "consumers_gone")
 
 
 class ZqCollector:
@@ -51,6 +55,8 @@ class ZqCollector:
 def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
     gauges = {
         "depth": GaugeMetricFamily("zq_queue_depth", "Messages waiting", labels=["queue"]),
+        "delayed": GaugeMetricFamily("zq_queue_delayed", "Waiting messages that wait for a time (retry, delay)",
+                                     labels=["queue"]),
         "leased": GaugeMetricFamily("zq_queue_leased", "Messages leased to consumers", labels=["queue"]),
         "groups": GaugeMetricFamily("zq_queue_groups", "Message groups known", labels=["queue"]),
     }
@@ -60,11 +66,11 @@ def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
     hist = HistogramMetricFamily("zq_ack_latency_seconds", "Publish to ack latency", labels=["queue"])
     for name, q in sorted(st["queues"].items()):
         for key, fam in gauges.items():
-            fam.add_metric([name], q[key])
+            fam.add_metric([name], q.get(key, 0))
         consumers.add_metric([name], len(q["consumers"]))
         oldest.add_metric([name], (q["oldest_ms"] or 0) / 1000)
         for key, counter in counters.items():
-            counter.add_metric([name], q[key])
+            counter.add_metric([name], q.get(key, 0))
         lat = q["ack_latency"]
         cumulative, buckets = 0, []
         for edge, count in zip([*lat["buckets_ms"], None], lat["counts"]):
