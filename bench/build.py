@@ -120,7 +120,10 @@ def versus_summary(rows: list[dict], sha: str) -> list[dict]:
         same = [r for r in rows if r.get("backlog") == case["backlog"] and (r.get("groups") or 0) == case.get("groups", 0)]
         before = statistics.median(r["msgs_per_s"] for r in same if r["code"] == sha)
         after = statistics.median(r["msgs_per_s"] for r in same if r["code"] == "this tree")
+        cpu_before = statistics.median(r["cpu_us_per_msg"] for r in same if r["code"] == sha)
+        cpu_after = statistics.median(r["cpu_us_per_msg"] for r in same if r["code"] == "this tree")
         out.append({"scenario": "engine-vs", "figure": "median", **case, f"{sha}_msgs_per_s": round(before),
                     "this_tree_msgs_per_s": round(after), "ratio": round(after / before, 3),
-                    "builds": sorted({r["build"] for r in same})})
+                    f"{sha}_cpu_us_per_msg": cpu_before, "this_tree_cpu_us_per_msg": cpu_after,
+                    "cpu_ratio": round(cpu_after / cpu_before, 3), "builds": sorted({r["build"] for r in same})})
     return out

@@ -95,7 +95,7 @@ def test_the_oldest_waiting_message_of_the_first_queue_is_explained_below_the_qu
 
 
 def test_the_explained_line_says_how_earlier_deliveries_ended():
-    doc = {"bookmark": 9, "why": ["waits for its retry: not before 1 (Unix ms), in 900 ms"],
+    doc = {"bookmark": 9, "why": ["waits for its retry: due in 900 ms"],
            "causes": {"cancelled": 0, "failed": 2, "lease_expired": 1, "consumer_gone": 0, "last_error": "KeyError('sku')",
                       "last_consumer": "w", "first_ms": 1, "last_ms": 2}}
     line = M.why_line("jobs", doc)

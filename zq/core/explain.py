@@ -125,7 +125,7 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
     due = q.due_of(seq)
     if due is not None:
         what = "its retry" if q.deliveries_of(seq) else "the time it was published for"
-        why.append(f"waits for {what}: not before {due} (Unix ms), in {max(0, due - now_ms)} ms")
+        why.append(f"waits for {what}: due in {max(0, due - now_ms)} ms")
     if q.barriers and q.barriers[0] < seq:
         why.append(f"behind barrier message {q.barriers[0]}: nothing later goes until every earlier message is acked")
     if place == "set-aside":
