@@ -156,3 +156,16 @@ def test_a_bad_queue_filter_is_a_config_error_naming_the_key():
 
     with pytest.raises(ConfigError, match="filter"):
         QueueSettings(name="q", filter="a AND").validate()
+
+
+def test_a_set_aside_group_head_that_goes_lets_its_group_follow_in_the_same_dispatch():
+    """Found by the simulator's parked-group check: when dispatch handed out a set-aside
+    group head, it went on with the candidates it had read before, so the group's next
+    message (registered just then) waited for the next unrelated event."""
+    h = Harness(QueueSettings(name="jobs", max_per_subscription_backlog=5))
+    m1, m2 = h.pub("jobs", 2, group="g1", color="red")
+    h.sub("a", "jobs", 5, filter="color = 'blue'")
+    assert h.drain() == {}  # m1 set aside (a has credit but refuses it); m2 waits behind it
+    h.engine.unsubscribe("a", h.now)
+    h.sub("b", "jobs", 5)
+    assert h.drain() == {"b": [m1, m2]}

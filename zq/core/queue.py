@@ -393,6 +393,8 @@ class Queue:
                         self.dispatch_skipped(limit, now_ms)
                         if self.depth == 0:
                             break
+                        offered = limit
+                        continue  # a set-aside group head went: its group's next may compete now (look again)
                     offered = limit
             if self.barriers:
                 held_back = self.barrier_gate(min(f, r, g))
