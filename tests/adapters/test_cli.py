@@ -324,7 +324,7 @@ def test_stats_never_cuts_a_name_or_a_number_and_is_plain_text_in_a_pipe(server)
         st = c.stats()
     out = zq("stats", "--endpoint", server.endpoint).stdout  # a pipe: aligned text, no box characters
     row = next(line for line in out.splitlines() if line.startswith(long_name))
-    assert row.split()[:4] == [long_name, "3", "0", "3"] and not any(ch in out for ch in "─│━")
+    assert row.split()[:5] == [long_name, "3", "0", "0", "3"] and not any(ch in out for ch in "─│━")  # depth delay leased pub
     assert "cons: consumers" in out
     st["queues"][long_name]["published"] = 12_345_678_901  # a terminal of 60 columns: numbers stay whole
     table = stats_rows(st)

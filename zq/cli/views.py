@@ -8,8 +8,9 @@ from rich import box
 from rich.table import Table
 
 
-STATS_COLUMNS = ("queue", "depth", "leased", "pub", "acked", "redel", "exp", "dead", "groups", "cons")
-STATS_NOTE = ("depth, leased: now; pub, acked, redel(ivered), exp(ired), dead: since this start; "
+STATS_COLUMNS = ("queue", "depth", "delay", "leased", "pub", "acked", "redel", "failed", "exp", "dead", "groups", "cons")
+STATS_NOTE = ("depth, delay (of them, waiting for a retry or a publish's delay), leased: now; pub, acked, "
+              "redel(ivered), failed (cancels naming an error), exp(ired), dead: since this start; "
               "cons: consumers, then leased / backlog over all of them")
 
 
@@ -25,7 +26,8 @@ def stats_rows(st: dict) -> tuple[str, list[str], list[list[str]], str]:
         rows.append([
             f"{name} ({kind})" if kind else name,
             f"{q['depth']}+{q['inactive']}" if q.get("inactive") else str(q["depth"]),  # +N: journal-only (tqd)
-            str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
+            str(q.get("delayed", 0)), str(q["leased"]), str(q["published"]), str(q["acked"]), str(q["redelivered"]),
+            str(q.get("failed", 0)),
             str(q["expired"]), str(q["dead_lettered"]), str(q["groups"]),
             f"{len(consumers)} {sum(c['used'] for c in consumers)}/{sum(c['backlog'] for c in consumers)}",
         ])
