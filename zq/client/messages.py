@@ -132,6 +132,16 @@ class PublishFuture:
                 cb(fut)
 
 
+def cancel_messages(owner: Any, messages: Iterable["Message"], wait: bool, delay: float | None,
+                    error: str | BaseException | None) -> dict[int, str] | None:
+    """``cancel_many`` of a Subscription or a Worker (they settle alike): a cancel with
+    its own delay or error goes at once and is answered; a plain one is batched."""
+    options = cancel_options(delay, error)
+    if options is None:
+        return owner._settle_many("cancel", messages, wait)
+    return owner._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0], error=options[1])
+
+
 class Message:
     """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
 
@@ -300,11 +310,7 @@ class Subscription(MessageStream):
         """Cancel several messages: each goes again after the queue's backoff, or after
         ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
         With a delay or an error they are sent at once and answered, like ``wait=True``."""
-        options = cancel_options(delay, error)
-        if options is not None:
-            return self._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0],
-                                     error=options[1])
-        return self._settle_many("cancel", messages, wait)
+        return cancel_messages(self, messages, wait, delay, error)
 
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
         if wait:

@@ -40,12 +40,11 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client.messages import Message, MessageStream
+from zq.client.messages import Message, MessageStream, cancel_messages
 from zq.client.session import (
     EVENTS,
     NOBLOCK,
     POLLIN,
-    cancel_options,
     settle_command,
     ConnectionLost,
     check_target,
@@ -160,11 +159,7 @@ class Worker(MessageStream):
         """Cancel several messages: each goes again after the queue's backoff, or after
         ``delay`` seconds (0: at once); ``error``: they failed (see ``Message.cancel``).
         With a delay or an error they are sent at once and answered, like ``wait=True``."""
-        options = cancel_options(delay, error)
-        if options is not None:
-            return self._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0],
-                                     error=options[1])
-        return self._settle_many("cancel", messages, wait)
+        return cancel_messages(self, messages, wait, delay, error)
 
     def heartbeat(self) -> None:
         """Tell the dispatcher this worker is alive (and send waiting settles), without

@@ -732,6 +732,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 break
         for q in self.queues.values():
             self.flush_events(q)
+            if q.causes_done:  # its dead letters, which read it, are published by now
+                q.causes_done = {}
         for sub in self.subs.values():
             if sub.barrier_out:  # before anything later in the same step
                 seqs, sub.barrier_out = sub.barrier_out, []
@@ -754,9 +756,6 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 if consumer not in self.subs_of_consumer:
                     self.consumer_names.pop(consumer, None)
             self.names_to_forget = []
-        for q in self.queues.values():
-            if q.causes_done:
-                q.causes_done = {}
         out = Output(self.records, self.deliveries)
         self.records, self.deliveries = [], []
         self.step_messages = None
