@@ -310,9 +310,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q.barriers.append(seq)
             return  # a barrier goes when everything before it is acked: a delay has no meaning
         name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
-        level = q.level_fn(headers, payload, topic) if q.level_fn is not None else 0
         gid = q.group_id(name) if name is not None else 0
-        q.enqueue(seq, gid, level)
+        q.enqueue(seq, gid, q.level_of(seq, headers, payload, topic) if q.ordered else 0)
         if due and not q.browse:  # browsers see every message at once: nothing is leased
             q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
 
@@ -360,10 +359,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 gid = 0
                 q.barriers.append(seq)
         level = 0
-        if q.level_fn is not None:
+        if q.ordered:
             m = self.message(seq)
             if m is not None:
-                level = q.level_fn(m.headers, m.payload, m.topic)
+                level = q.level_of(seq, m.headers, m.payload, m.topic)
         q.enqueue(seq, gid, level)
         if q.lvq_fn is not None:
             m = self.message(seq)
@@ -911,6 +910,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             }
             if q.grouped:
                 queues[q.name]["group_summary"] = q.group_summary()
+            if q.fair_share is not None and q.settings.tenant_header:
+                queues[q.name]["tenants"] = q.fair_share.summary()
         return {"queues": queues, "published": self.published, "duplicates": self.duplicates, "next_seq": self.next_seq}
 
     def oldest_waiting_ms(self, q: Queue) -> int | None:
@@ -1021,10 +1022,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
                 level = 0
-                if q.level_fn is not None:
+                if q.ordered:
                     m = msg if msg.copy_of is None else eng.message(msg.seq)
                     if m is not None:
-                        level = q.level_fn(m.headers, m.payload, m.topic)
+                        level = q.level_of(msg.seq, m.headers, m.payload, m.topic)
                 q.enqueue(msg.seq, gid, level)
                 if barrier:
                     q.barriers.append(msg.seq)
@@ -1160,8 +1161,10 @@ def latency_key(ms: int) -> int:
 def queue_kind(s: QueueSettings) -> str:
     """A short label of a queue's kind for operators (``zq stats``): "" for a plain FIFO."""
     parts = []
+    if s.tenant_header:
+        parts.append("tenants")
     if s.priority:
-        parts.append("priority")
+        parts.append(f"priority(aging {s.priority_aging})" if s.priority_aging else "priority")
     if s.sort_key:
         parts.append("sorted")
     if s.target_queue_depth:

@@ -71,6 +71,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
 from zq.core.expr import compile_filter, compile_value
+from zq.core.fairshare import FairShare
 from zq.core.regex import compile_pattern
 from zq.core.ordering import SEQ_MASK, level_function, priority_level, sort_level
 from zq.core.settings import QueueSettings
@@ -219,12 +220,17 @@ class Queue:
         self.barriers_released = 0
         self.browse = s.browse_only
         # Priority / sorted queues: waiting messages are ranked (see zq.core.ordering).
+        # Fair queues (zq.core.fairshare) rank by a tag that moves with each message; their
+        # priority expression is read raw (``priority_fn``) and aged there.
         self.level_fn = None
-        if s.priority:
+        self.priority_fn = compile_value(s.priority).fn if s.priority else None
+        self.fair_share = (FairShare(s.tenant_header, s.tenant_weights, s.tenant_default_weight, s.priority_aging)
+                           if s.fair() else None)
+        if self.fair_share is None and s.priority:
             self.level_fn = level_function(compile_value(s.priority).fn, priority_level)
         elif s.sort_key:
             self.level_fn = level_function(compile_value(s.sort_key).fn, sort_level)
-        self.ordered = self.level_fn is not None
+        self.ordered = self.level_fn is not None or self.fair_share is not None
         self.ranks: dict[int, int] = {}  # ordered: the rank of each message outside the heap
         self.heap_oldest: int | None = None  # ordered: oldest seq in the heap (None: unknown)
         self.key_floor = -(1 << 400) if self.ordered else -1  # below every rank
@@ -311,6 +317,16 @@ class Queue:
 
     def can_take_group(self, name: str) -> bool:
         return name in self.gid_of or len(self.groups) < self.settings.max_groups
+
+    def level_of(self, seq: int, headers: dict[str, str], payload: bytes, topic: str) -> int:
+        """An ordered queue's level for a message entering it (called once per entry:
+        a fair queue moves its tenant's tag on)."""
+        fs = self.fair_share
+        if fs is not None:
+            pfn = self.priority_fn
+            return fs.level(seq, headers, pfn(headers, payload, topic) if pfn is not None else None)
+        fn = self.level_fn
+        return fn(headers, payload, topic) if fn is not None else 0
 
     def enqueue(self, seq: int, gid: int, level: int = 0) -> None:
         if self.ordered:
@@ -827,6 +843,10 @@ class Queue:
         sub.out_deliveries.append(m & _D_MASK)
         self.depth -= 1
         self.delivered += 1
+        if self.fair_share is not None:
+            rank = self.ranks.get(seq)
+            if rank is not None:
+                self.fair_share.dispatched(rank, self.depth == 0)
         if grp is not None:
             grp.inflight += 1
             if self.owned and grp.owner is None:
@@ -969,6 +989,8 @@ class Queue:
                 self.causes_done[seq] = c
         if self.ordered:
             self.ranks.pop(seq, None)
+            if self.fair_share is not None:
+                self.fair_share.finished(seq)
         if self.sizes is not None:
             self.bytes -= self.sizes.pop(seq, 0)
         if self.lvq_key_of:

@@ -77,6 +77,17 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_failures: int = 0
     max_lease_expiries: int = 0
     max_consumer_gone: int = 0
+    # Two-level fairness (zq.core.fairshare): waiting messages are shared out between
+    # tenants (named by this header; missing = the tenant "") by weight, and ``priority``
+    # ages: each level counts as ``priority_aging`` messages of waiting (0: strict).
+    tenant_header: str | None = None
+    tenant_weights: dict[str, int] = {}
+    tenant_default_weight: int = 1
+    priority_aging: int = 0
+
+    def fair(self) -> bool:
+        """Is the queue's order a fair share (tenants, or priority that ages)?"""
+        return bool(self.tenant_header) or self.priority_aging > 0
 
     def effective_fairness(self) -> str:
         if self.fairness is not None:
@@ -87,7 +98,13 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
         """Refuse combinations of queue kinds whose meanings contradict each other."""
         if self.priority and self.sort_key:
             raise ConfigError(f"{where}: a queue has one order: set priority or sort_key, not both")
-        ordered = "priority" if self.priority else "sort_key" if self.sort_key else None
+        ordered = ("priority" if self.priority else "sort_key" if self.sort_key else
+                   "tenant_header" if self.tenant_header else None)
+        if self.tenant_header and self.sort_key:
+            raise ConfigError(f"{where}: tenant_header cannot be combined with sort_key: a sorted queue's order "
+                              "is its key, and a fair share decides the order between tenants")
+        if self.priority_aging and not self.priority:
+            raise ConfigError(f"{where}: priority_aging ages priorities: set priority too")
         if ordered and self.barrier:
             raise ConfigError(f"{where}: {ordered} cannot be combined with barrier: a barrier waits for every "
                               "earlier message, and an ordered queue has no single 'earlier'")
@@ -102,6 +119,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: target_queue_depth must not be negative")
         if self.target_queue_depth:
             for key, why in (("priority", "the highest priority may be any message still in the journal"),
+                             ("tenant_header", "the next tenant's message may be any message still in the journal"),
                              ("sort_key", "the lowest key may be any message still in the journal"),
                              ("barrier", "a barrier waits for messages that may still be in the journal"),
                              ("lvq_key", "a new value must replace messages that may still be in the journal"),
@@ -187,9 +205,27 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"{where}: each backoff step must be 0..100 years")
         if not 0.0 <= self.backoff_jitter <= 1.0:  # NaN fails too
             raise ConfigError(f"{where}: backoff_jitter must be 0..1, got {self.backoff_jitter!r}")
+        self.validate_fairness(where)
         if not 1 <= self.max_groups <= 1 << 31:
             raise ConfigError(f"{where}: max_groups must be 1..2**31")
         return self
+
+    def validate_fairness(self, where: str) -> None:
+        if self.tenant_header is not None and not 0 < len(self.tenant_header) <= limits.HEADER_BYTES_MAX:
+            raise ConfigError(f"{where}: tenant_header must be 1..{limits.HEADER_BYTES_MAX} characters")
+        if type(self.tenant_weights) is not dict or len(self.tenant_weights) > limits.TENANT_WEIGHTS_MAX:
+            raise ConfigError(f"{where}: tenant_weights is a table of at most {limits.TENANT_WEIGHTS_MAX} tenants")
+        for tenant, weight in [("(default)", self.tenant_default_weight), *self.tenant_weights.items()]:
+            if type(tenant) is not str or len(tenant) > limits.HEADER_BYTES_MAX:
+                raise ConfigError(f"{where}: a tenant's name is a string of at most {limits.HEADER_BYTES_MAX} "
+                                  "characters")
+            if type(weight) is not int or not 1 <= weight <= limits.TENANT_WEIGHT_MAX:
+                raise ConfigError(f"{where}: tenant {tenant[:80]!r}: a weight is a whole number "
+                                  f"1..{limits.TENANT_WEIGHT_MAX}, got {weight!r}")
+        if (self.tenant_weights or self.tenant_default_weight != 1) and not self.tenant_header:
+            raise ConfigError(f"{where}: tenant weights need tenant_header (the header naming a message's tenant)")
+        if type(self.priority_aging) is not int or not 0 <= self.priority_aging <= limits.PRIORITY_AGING_MAX:
+            raise ConfigError(f"{where}: priority_aging must be a whole number 0..{limits.PRIORITY_AGING_MAX}")
 
 
 def auto_queue(name: str, start_seq: int, dead_letter: bool = True) -> QueueSettings:

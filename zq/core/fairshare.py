@@ -1,0 +1,134 @@
+"""Two-level fairness: a weighted fair share between tenants, and priority that ages.
+
+A queue with ``tenant_header`` (or ``priority_aging``) is an *ordered* queue (see
+zq.core.ordering) whose rank is given here, once, when a message enters. The rank is a
+start tag of start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM '96):
+
+* the queue keeps a virtual ``clock``: the start tag of the latest message dispatched;
+* tenant ``t`` (weight ``w``) keeps ``finish[t]``, where its previous message's share
+  ends: a message of ``t`` starts at ``max(clock, finish[t])`` and moves ``finish[t]`` on
+  by ``UNIT // w``. (With strict priority, each priority level of a tenant keeps its own.)
+
+Dispatching by smallest start tag serves backlogged tenants in proportion to their
+weights, whatever order they published in, and a tenant that was idle starts at the
+clock: it gets its share from now on, not credit for the time it sent nothing, and
+never a burst that starves the others. Between two messages of a backlogged tenant ``t``
+each other backlogged tenant ``u`` gets at most ``ceil(w_u / w_t) + 1`` (the simulator
+checks this bound).
+
+Inside a tenant the queue's own order holds: publish order, or ``priority``. Strict
+priority goes first across tenants too (a high-priority message is never kept behind a
+lower one); with ``priority_aging = N`` each priority level is worth only ``N`` messages'
+worth of the virtual clock, so a steady stream of high priority from one tenant delays a
+lower-priority message by a bounded amount and never starves it.
+
+The rank packs (effective tag, start tag) into one integer so that the start tag can be
+read back when the message is dispatched (it moves the clock) without a per-message map:
+``level = ((effective << START_BITS) | start) - BASE``. Every level is negative and far
+above ``Queue.key_floor``, as zq.core.ordering requires.
+
+Everything here is integer arithmetic on what the message carries and what the queue
+dispatched, so the engine stays deterministic. After a restart the clock and the tags
+start again from zero for the messages still in the queue (in publish order), which
+shares the remaining backlog out fairly from then on.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from zq.core import limits
+from zq.core.ordering import priority_of
+
+UNIT = 1 << 30  # the virtual time one message of weight 1 takes
+START_BITS = 130  # a start tag stays below 2**130 (2**100 messages of weight 1)
+START_MASK = (1 << START_BITS) - 1
+STRICT_SHIFT = 66  # strict priority: a level outweighs any start tag (2**(64+66) > START_MASK)
+BASE = 1 << 330  # every level is below zero: |effective| << START_BITS < 2**325
+
+
+class FairShare:
+    """The virtual clock and per-tenant tags of one fair queue, and what each tenant holds."""
+
+    def __init__(self, header: str | None, weights: dict[str, int], default_weight: int, aging: int) -> None:
+        self.header = header
+        self.weights = dict(weights)
+        self.default_weight = default_weight
+        self.aging_step = aging * UNIT  # one priority level's worth of virtual time (0: strict)
+        self.clock = 0
+        self.last_finish = 0  # the latest tag handed out: the clock at the end of a busy period
+        self.finish: dict[tuple[str, int], int] = {}  # (tenant, priority level or 0) -> tag
+        self.forget_at = limits.TENANTS_TRACKED_SOFT  # tenants in ``finish`` that trigger a sweep
+        # What each tenant holds (waiting or leased), for stats and explain: only with a header.
+        self.tenant_of: dict[int, str] = {}
+        self.held: dict[str, int] = {}
+
+    def tenant(self, headers: dict[str, str]) -> str:
+        header = self.header
+        if header is None:
+            return ""
+        name = headers.get(header)
+        return name if name is not None else ""
+
+    def weight(self, tenant: str) -> int:
+        return self.weights.get(tenant, self.default_weight)
+
+    def level(self, seq: int, headers: dict[str, str], priority: object) -> int:
+        """The level of a message entering the queue (``priority``: the priority
+        expression's value, None without one). Moves its tenant's tag on."""
+        tenant = self.tenant(headers)
+        p = priority_of(priority) if priority is not None else 0
+        # Strict priority: each level shares out on its own (what a tenant queued lower
+        # down does not delay its turn up here). Aging: one share per tenant across the
+        # levels, or spreading messages over levels would multiply a tenant's share.
+        share = (tenant, 0 if self.aging_step else p)
+        finish = self.finish.get(share, 0)
+        start = finish if finish > self.clock else self.clock
+        if len(self.finish) >= self.forget_at and share not in self.finish:
+            self.forget_idle()
+        finish = start + UNIT // self.weight(tenant)
+        self.finish[share] = finish
+        if finish > self.last_finish:
+            self.last_finish = finish
+        if self.header is not None:
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+            self.tenant_of[seq] = tenant
+        if self.aging_step:
+            effective = start - p * self.aging_step
+        else:
+            effective = start - (p << (64 + STRICT_SHIFT))
+        return ((effective << START_BITS) | start) - BASE
+
+    def forget_idle(self) -> None:
+        """A tenant whose share ended before the clock starts at the clock anyway. (When
+        most are still ahead, the next sweep waits until there are twice as many: a
+        sweep costs one pass over them, and must not come with every message.)"""
+        clock = self.clock
+        self.finish = {t: f for t, f in self.finish.items() if f > clock}
+        self.forget_at = max(limits.TENANTS_TRACKED_SOFT, 2 * len(self.finish))
+
+    def dispatched(self, rank: int, idle: bool) -> None:
+        """A message with this rank was leased: the clock moves to its start tag; when
+        nothing else waits (the end of a busy period), past every tag handed out, so
+        that tenants that come next start level."""
+        start = ((rank >> 64) + BASE) & START_MASK
+        if idle and self.last_finish > start:
+            start = self.last_finish
+        if start > self.clock:
+            self.clock = start
+
+    def finished(self, seq: int) -> None:
+        tenant = self.tenant_of.pop(seq, None)
+        if tenant is None:
+            return
+        left = self.held[tenant] - 1
+        if left:
+            self.held[tenant] = left
+        else:
+            del self.held[tenant]
+
+    def summary(self, top: int = 10) -> list[dict[str, object]]:
+        """The tenants holding most (waiting or leased), by name on ties."""
+        held = self.held
+        names = heapq.nsmallest(top, held, key=lambda t: (-held[t], t))
+        return [{"tenant": t, "weight": self.weight(t), "held": held[t]} for t in names]
