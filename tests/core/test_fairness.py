@@ -213,3 +213,21 @@ def test_a_hostile_tenant_header_value_is_just_a_tenant():
     h.pub("jobs", 1, tenant="")
     h.pub("jobs", 1, tenant="\x00\udcff")
     assert len(h.drain()["w"]) == 3
+
+
+def test_explain_names_the_tenant_its_weight_and_what_goes_before_it_by_the_share():
+    from zq.core.explain import explain
+
+    s = msgspec.structs.replace(FAIR, tenant_weights={"big": 2})
+    h = Harness(s)
+    big = h.pub("jobs", 6, tenant="big")
+    small = h.pub("jobs", 2, tenant="small")
+    h.drain()
+    m = h.journaled[small[1]]
+    doc = explain(h.engine, "jobs", small[1], h.now, m.topic, m.headers)
+    assert doc["state"] == "waiting"
+    assert doc["tenant"] == {"name": "small", "weight": 1, "held": 2}
+    # small's second starts at 1.0: big's at 0, 0.5, 1.0 (older, so first on the tie) and small's first go before
+    assert any(w.startswith("4 messages go before it by the fair share") and "weight 1" in w for w in doc["why"]), doc
+    first = explain(h.engine, "jobs", big[0], h.now, h.journaled[big[0]].topic, h.journaled[big[0]].headers)
+    assert not any("fair share" in w for w in first["why"])

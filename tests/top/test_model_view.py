@@ -100,3 +100,17 @@ def test_the_explained_line_says_how_earlier_deliveries_ended():
                       "last_consumer": "w", "first_ms": 1, "last_ms": 2}}
     line = M.why_line("jobs", doc)
     assert line.endswith("earlier deliveries: 2 failed, 1 lease expired, last error \"KeyError('sku')\"")
+
+
+def test_a_fair_queue_shows_the_tenants_holding_most_with_their_weights():
+    import copy
+
+    curr = copy.deepcopy(CURR)
+    curr["queues"]["jobs"]["tenants"] = [{"tenant": "acme", "weight": 4, "held": 12000},
+                                         {"tenant": "", "weight": 1, "held": 3}]
+    m = M.build("tcp://x", PREV, curr, 1000, M.History())
+    assert [(t.queue, [x["tenant"] for x in t.tenants]) for t in m.tenants] == [("jobs", ["acme", ""])]
+    text = frame_text(m)
+    assert "tenants (fair share)" in text
+    assert "acme (12,000, w4), (none) (3, w1)" in text
+    assert "tenants (fair share)" not in frame_text(M.build("tcp://x", PREV, CURR, 1000, M.History()))

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from zq.cli.common import RET_USAGE, EndpointOpt, client_for, fail, message_json
+from zq.core import limits
 from zq.core.errors import ZqError
 
 
@@ -317,6 +318,14 @@ def register_management(app: typer.Typer) -> None:
                                                "dead-lettered (0: no limit)"),
         max_consumer_gone: int = typer.Option(0, "--max-consumer-gone", help="deliveries whose consumer went away "
                                               "before a message is dead-lettered (0: no limit)"),
+        tenant_header: Optional[str] = typer.Option(None, "--tenant-header", help="the header naming a message's "
+                                                    "tenant: tenants share the queue by weight"),
+        tenant_weight: list[str] = typer.Option([], "--tenant-weight", metavar="TENANT=WEIGHT",
+                                                help="a tenant's weight (1..1000; repeat the option per tenant)"),
+        tenant_default_weight: Optional[int] = typer.Option(None, "--tenant-default-weight",
+                                                            help="the weight of every other tenant (default 1)"),
+        priority_aging: Optional[int] = typer.Option(None, "--priority-aging", help="with --priority: one priority "
+                                                     "level is worth this many messages of waiting (0: strict)"),
         as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
@@ -333,6 +342,8 @@ def register_management(app: typer.Typer) -> None:
             "backoff_jitter": backoff_jitter, "max_lease_age": max_lease_age,
             "max_failures": max_failures or None, "max_lease_expiries": max_lease_expiries or None,
             "max_consumer_gone": max_consumer_gone or None,
+            "tenant_header": tenant_header, "tenant_weights": parse_weights(tenant_weight) or None,
+            "tenant_default_weight": tenant_default_weight, "priority_aging": priority_aging,
         }
         with client_for(endpoint) as c:
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))
@@ -353,3 +364,17 @@ def register_management(app: typer.Typer) -> None:
         confirm_or_stop(f"delete queue {name!r} and its messages", yes)
         with client_for(endpoint) as c:
             typer.echo(f"deleted {name} ({run(lambda: c.delete_queue(name))} messages)")
+
+
+def parse_weights(items: list[str]) -> dict[str, int]:
+    """``--tenant-weight gold=4`` options as a table; the server checks the values."""
+    weights: dict[str, int] = {}
+    for item in items:
+        tenant, sep, weight = item.rpartition("=")
+        if not sep or not weight.strip().lstrip("-").isdigit():
+            raise typer.BadParameter(f"--tenant-weight takes TENANT=WEIGHT, e.g. gold=4; got {item[:80]!r}")
+        if not 1 <= int(weight) <= limits.TENANT_WEIGHT_MAX:
+            raise typer.BadParameter(f"--tenant-weight {tenant[:80]!r}: a weight is a whole number "
+                                     f"1..{limits.TENANT_WEIGHT_MAX}, got {weight[:40]}")
+        weights[tenant] = int(weight)
+    return weights

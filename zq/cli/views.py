@@ -61,6 +61,13 @@ def queue_summary(s: dict) -> str:
         parts.append(f"leases renew up to {s['max_lease_age_ms'] / 1000:g}s")
     if s.get("backoff_ms"):
         parts.append("backoff " + ",".join(f"{ms / 1000:g}s" for ms in s["backoff_ms"]))
+    if s.get("tenant_header"):
+        weights = ", ".join(f"{t}={w}" for t, w in sorted(s.get("tenant_weights", {}).items())[:5])
+        more = len(s.get("tenant_weights", {})) - 5
+        parts.append(f"tenants by {s['tenant_header']} (weights {weights or 'equal'}"
+                     f"{f' and {more} more' if more > 0 else ''}, others {s.get('tenant_default_weight', 1)})")
+    if s.get("priority_aging"):
+        parts.append(f"priority ages: a level is worth {s['priority_aging']} messages")
     return ", ".join(parts)
 
 

@@ -35,6 +35,10 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     group = group_of(q, seq, headers)
     if group is not None:
         out["group"] = group
+    fs = q.fair_share
+    tenant = fs.tenant_of.get(seq) if fs is not None else None
+    if fs is not None and tenant is not None:
+        out["tenant"] = {"name": tenant, "weight": fs.weight(tenant), "held": fs.held.get(tenant, 0)}
     lease = q.lease_of.get(seq)
     if lease is not None:
         sub = lease.sub
@@ -156,6 +160,17 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
         ahead = bisect_left(q.fifo, seq, lo=q.head) - q.head
         if ahead:
             why.append(f"{ahead} messages published before it wait ahead of it")
+    fs = q.fair_share
+    if place == "returned" and fs is not None:
+        heap = q.returned[:RETURNED_SCAN_MAX]
+        key = next((k for k in heap if k & SEQ_MASK == seq), None)
+        ahead = sum(1 for k in heap if key is not None and k < key)
+        tenant = fs.tenant_of.get(seq)
+        whose = (f"; its tenant {tenant[:80] or '(none)'!r} has weight {fs.weight(tenant)} and "
+                 f"{fs.held.get(tenant, 0)} messages in the queue" if tenant is not None else "")
+        if ahead:
+            why.append(f"{ahead} messages go before it by the fair share between tenants"
+                       f"{' and priority' if q.priority_fn is not None else ''}{whose}")
     if not why:
         why.append("next in line: it goes with the next dispatch")
     return why

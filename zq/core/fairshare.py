@@ -55,8 +55,12 @@ class FairShare:
         self.weights = dict(weights)
         self.default_weight = default_weight
         self.aging_step = aging * UNIT  # one priority level's worth of virtual time (0: strict)
-        self.clock = 0
-        self.last_finish = 0  # the latest tag handed out: the clock at the end of a busy period
+        # The virtual clock, per priority level with strict priority (each level shares
+        # out on its own) and one (level 0) otherwise; ``floor``: where every level's clock
+        # stands after the queue last ran empty (past every tag handed out until then).
+        self.clocks: dict[int, int] = {}
+        self.floor = 0
+        self.last_finish = 0  # the latest tag handed out
         self.finish: dict[tuple[str, int], int] = {}  # (tenant, priority level or 0) -> tag
         self.forget_at = limits.TENANTS_TRACKED_SOFT  # tenants in ``finish`` that trigger a sweep
         # What each tenant holds (waiting or leased), for stats and explain: only with a header.
@@ -81,10 +85,16 @@ class FairShare:
         # Strict priority: each level shares out on its own (what a tenant queued lower
         # down does not delay its turn up here). Aging: one share per tenant across the
         # levels, or spreading messages over levels would multiply a tenant's share.
-        share = (tenant, 0 if self.aging_step else p)
+        lane = 0 if self.aging_step else p
+        share = (tenant, lane)
+        start = self.floor
+        clock = self.clocks.get(lane, 0)
+        if clock > start:
+            start = clock
         finish = self.finish.get(share, 0)
-        start = finish if finish > self.clock else self.clock
-        if len(self.finish) >= self.forget_at and share not in self.finish:
+        if finish > start:
+            start = finish
+        elif len(self.finish) >= self.forget_at:
             self.forget_idle()
         finish = start + UNIT // self.weight(tenant)
         self.finish[share] = finish
@@ -100,22 +110,28 @@ class FairShare:
         return ((effective << START_BITS) | start) - BASE
 
     def forget_idle(self) -> None:
-        """A tenant whose share ended before the clock starts at the clock anyway. (When
+        """A share that ended before its level's clock starts at the clock anyway. (When
         most are still ahead, the next sweep waits until there are twice as many: a
         sweep costs one pass over them, and must not come with every message.)"""
-        clock = self.clock
-        self.finish = {t: f for t, f in self.finish.items() if f > clock}
+        floor, clocks = self.floor, self.clocks
+        self.finish = {sh: f for sh, f in self.finish.items() if f > max(floor, clocks.get(sh[1], 0))}
+        lanes = {lane for _, lane in self.finish}
+        self.clocks = {lane: c for lane, c in clocks.items() if lane in lanes and c > floor}
         self.forget_at = max(limits.TENANTS_TRACKED_SOFT, 2 * len(self.finish))
 
     def dispatched(self, rank: int, idle: bool) -> None:
-        """A message with this rank was leased: the clock moves to its start tag; when
-        nothing else waits (the end of a busy period), past every tag handed out, so
-        that tenants that come next start level."""
-        start = ((rank >> 64) + BASE) & START_MASK
-        if idle and self.last_finish > start:
-            start = self.last_finish
-        if start > self.clock:
-            self.clock = start
+        """A message with this rank was leased: its level's clock moves to its start tag;
+        when nothing else waits (the end of a busy period), every level's clock moves past
+        every tag handed out, so that the tenants that come next start level."""
+        if idle:
+            self.floor = self.last_finish
+            self.clocks.clear()
+            return
+        tag = (rank >> 64) + BASE
+        start = tag & START_MASK
+        lane = 0 if self.aging_step else (start - (tag >> START_BITS)) >> (64 + STRICT_SHIFT)
+        if start > self.clocks.get(lane, 0):
+            self.clocks[lane] = start
 
     def finished(self, seq: int) -> None:
         tenant = self.tenant_of.pop(seq, None)

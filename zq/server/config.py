@@ -134,6 +134,10 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_failures: int = 0
     max_lease_expiries: int = 0
     max_consumer_gone: int = 0
+    tenant_header: str | None = None  # the header naming a message's tenant: a fair share between tenants
+    tenant_weights: dict[str, int] = {}  # tenant -> weight (1..1000); others get tenant_default_weight
+    tenant_default_weight: int = 1
+    priority_aging: int = 0  # with priority: one level is worth this many messages of waiting (0: strict)
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -21,6 +21,12 @@ the safety properties zq promises after every step:
   the delivery is that old;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
   message waits (checked per step, for queues without content-filtered subscribers);
+* in a fair queue (tenants), no tenant is starved of its share: while a tenant has a
+  message waiting that was never delivered nor delayed and is in no group, each other
+  tenant gets at most ``ceil(w_other / w_tenant) + 1`` first deliveries before it gets
+  one (with ``priority_aging = A``, plus ``A * w_other`` per priority level between
+  them; with strict priority, counted within a level), for queues without
+  content-filtered subscribers;
 * the engine's own structures agree with each other (``check_engine``).
 """
 
@@ -30,7 +36,9 @@ from dataclasses import dataclass, field
 
 from zq.core import records as R
 from zq.core.engine import Engine
+from zq.core.ordering import priority_of
 from zq.core.queue import Queue
+from zq.core.settings import QueueSettings
 
 
 class InvariantError(AssertionError):
@@ -56,6 +64,98 @@ class QueueView:
     leased_at: dict[int, int] = field(default_factory=dict)  # seq -> when its live delivery began
     causes: dict[int, list[int]] = field(default_factory=dict)  # seq -> [cancelled, failed, expired, gone]
     tqd: bool = False  # messages read back in from the journal after a restart lose their accounts
+    fair: "FairView | None" = None  # tenants: what the fair-share bound is checked against
+
+
+@dataclass
+class FairView:
+    """A fair queue's messages by share (tenant, and priority level under strict
+    priority), and for each share how many first deliveries of other shares' fresh
+    messages (never delivered, never delayed, in no group) it has seen since its last."""
+    settings: QueueSettings
+    fresh: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    share_of: dict[int, tuple[str, int]] = field(default_factory=dict)  # fresh ones
+    member: dict[int, tuple[str, int]] = field(default_factory=dict)  # every message's share, until finished
+    members: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    overtaken: dict[tuple[str, int], int] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)  # every tenant that had a message here
+    most: int = 0  # the largest count seen, in % of its bound (the check ran on real cases)
+
+    def weight(self, tenant: str) -> int:
+        return self.settings.tenant_weights.get(tenant, self.settings.tenant_default_weight)
+
+    def add(self, seq: int, tenant: str, priority: int, fresh: bool) -> None:
+        """A message entered; ``fresh`` unless it is in a group (or a copy)."""
+        strict = bool(self.settings.priority) and not self.settings.priority_aging
+        share = (tenant, priority if strict else 0)
+        self.seen.add(tenant)
+        self.member[seq] = share
+        self.members.setdefault(share, set()).add(seq)
+        if fresh:
+            self.fresh.setdefault(share, set()).add(seq)
+            self.share_of[seq] = share
+
+    def drop(self, seq: int) -> tuple[str, int] | None:
+        """It is no longer fresh. Unless it was delivered (``leased``), it left without its
+        turn (expired, purged, replaced, delayed) yet took its place in its tenant's
+        order, so the others may take one more place's worth before the tenant's next."""
+        share = self.share_of.pop(seq, None)
+        if share is not None:
+            members = self.fresh[share]
+            members.discard(seq)
+            self.overtaken[share] = self.overtaken.get(share, 0) - self.per_tag(share)  # (``leased`` ends it)
+            if not members:
+                del self.fresh[share]
+        return share
+
+    def finished(self, seq: int) -> None:
+        self.drop(seq)
+        share = self.member.pop(seq, None)
+        if share is not None:
+            self.members[share].discard(seq)
+
+    def per_tag(self, share: tuple[str, int]) -> int:
+        """What the others may take for one place in this share's order."""
+        w = self.weight(share[0])
+        return sum(-(-self.weight(u) // w) for u in self.seen if u != share[0])
+
+    def bound(self, share: tuple[str, int], held: dict[int, str]) -> int:
+        """The first deliveries others may get before this share's next: their shares of
+        one place (plus aging), and of each place its own waiting messages that are not
+        fresh (in a group, delayed, returned) hold ahead of its oldest fresh one."""
+        w = self.weight(share[0])
+        aging = self.settings.priority_aging * (PRIORITY_SPREAD if self.settings.priority else 0)
+        head = min(self.fresh[share])
+        ahead = sum(1 for m in self.members[share] if m < head and m not in self.share_of and m not in held)
+        return sum(-(-self.weight(u) // w) + 1 + aging * self.weight(u)
+                   for u in self.seen if u != share[0]) + ahead * self.per_tag(share)
+
+    def leased(self, queue: str, seq: int, unfiltered: bool, held: dict[int, str]) -> None:
+        served = self.member.get(seq)
+        if served is not None:
+            self.overtaken.pop(served, None)  # its share's turn (a redelivery too: a restart re-tags them)
+        share = self.drop(seq)
+        if share is not None:
+            self.overtaken.pop(share, None)
+        if share is None:
+            return
+        if not unfiltered:
+            self.overtaken.clear()  # a filter may refuse a tenant's messages: no share is owed
+            return
+        for other in self.fresh:
+            if other[0] == share[0] or other[1] != share[1]:
+                continue  # (strict priority: another level is not this share's rival)
+            n = self.overtaken.get(other, 0) + 1
+            self.overtaken[other] = n
+            limit = self.bound(other, held)
+            self.most = max(self.most, n * 100 // max(limit, 1))
+            if n > limit:
+                raise InvariantError(f"{queue}: tenant {other[0]!r} starved: {n} first deliveries of other tenants "
+                                     f"since its last, over its bound {limit}, while {sorted(self.fresh[other])[:5]} "
+                                     f"wait (weights {self.settings.tenant_weights})")
+
+
+PRIORITY_SPREAD = 10  # the simulator's largest priority minus its smallest
 
 
 class Oracle:
@@ -70,7 +170,8 @@ class Oracle:
             view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy,
                                                    browse=q.settings.browse_only,
                                                    max_lease_age_ms=q.settings.max_lease_age_ms,
-                                                   tqd=bool(q.settings.target_queue_depth))
+                                                   tqd=bool(q.settings.target_queue_depth),
+                                                   fair=FairView(q.settings) if q.settings.tenant_header else None)
         return view
 
     # ------------------------------------------------------------ feeding
@@ -125,6 +226,11 @@ class Oracle:
                     group = None  # dead letter: group decided by the engine, not checked here
             view.confirmed[msg.seq] = group
             view.open.add(msg.seq)
+            if view.fair is not None:
+                content = engine.message(msg.seq) or msg
+                p = priority_of(q.priority_fn(content.headers, content.payload, content.topic)) if q.priority_fn else 0
+                fresh = msg.copy_of is None and not (q.grouped and msg.headers.get(q.settings.group_header or ""))
+                view.fair.add(msg.seq, content.headers.get(q.settings.tenant_header or "", ""), p, fresh)
             if q.level_fn is not None:
                 content = engine.message(msg.seq) or msg
                 view.ranks[msg.seq] = (q.level_fn(content.headers, content.payload, content.topic) << 64) | msg.seq
@@ -151,8 +257,11 @@ class Oracle:
                 return
             view = self.queue_view(q)
         kind = ev.kind
+        unfiltered = not engine.queues[ev.queue].filtered if ev.queue in engine.queues else False
         for seq in ev.bookmarks:
             if kind == R.LEASED:
+                if view.fair is not None:  # (first: at-most-once finishes the message as it is leased)
+                    view.fair.leased(ev.queue, seq, unfiltered, view.held)
                 self.on_leased(view, ev, seq)
             elif kind == R.ACKED:
                 view.held.pop(seq, None)
@@ -183,6 +292,9 @@ class Oracle:
                                          f"{view.max_lease_age_ms} ms")
         if kind == R.DELAYED:
             view.due.update(zip(ev.bookmarks, ev.due_ms))
+            if view.fair is not None:
+                for seq in ev.bookmarks:
+                    view.fair.drop(seq)  # it waits for its time: not one the share is owed
 
     def on_leased(self, view: QueueView, ev: R.Event, seq: int) -> None:
         self.deliveries += 1
@@ -210,6 +322,8 @@ class Oracle:
 
     @staticmethod
     def finish(view: QueueView, seq: int) -> None:
+        if view.fair is not None:
+            view.fair.finished(seq)
         view.finished.add(seq)
         view.due.pop(seq, None)
         view.open.discard(seq)
@@ -244,6 +358,8 @@ class Oracle:
         for view in self.queues.values():
             view.held.clear()
             view.leased_at.clear()
+            if view.fair is not None:
+                view.fair.overtaken.clear()  # the restarted queue tags what is left afresh
 
     # ------------------------------------------------------------ checking
 

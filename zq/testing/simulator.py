@@ -37,7 +37,8 @@ from zq.testing.checkers import InvariantError, Oracle
 
 
 COLORS = ("red", "blue", "green")
-PRIORITIES = (None, "0", "1", "2", "3", "10")
+PRIORITIES = (None, "0", "1", "2", "3", "10")  # the spread is checkers.PRIORITY_SPREAD
+TENANTS = ("a", "b", "c", "")
 FILTERS = ("color = 'red'", "color IN ('red', 'blue')", "color != 'green'", "NOT color = 'red'")
 
 
@@ -108,6 +109,17 @@ class SimOptions:
             elif rng.random() < 0.3:  # only the first few in memory, the rest read back from the journal
                 queues[-1] = msgspec.structs.replace(queues[-1], barrier=None, lvq_key=None,
                                                      target_queue_depth=rng.choice([2, 5, 20]))
+        fair_rng = random.Random(seed * 131 + 17)  # its own stream: the other draws stay as they were
+        for i, q in enumerate(queues):
+            if fair_rng.random() < 0.3 and not q.sort_key:  # tenants share the queue by weight
+                queues[i] = msgspec.structs.replace(
+                    q, tenant_header="tenant", tenant_weights=fair_rng.choice([{}, {"a": 3}, {"a": 2, "b": 4}]),
+                    priority=fair_rng.choice([None, "prio"]), barrier=None, browse_only=False, target_queue_depth=0,
+                    overflow="reject" if q.overflow == "ring" else q.overflow)
+                if fair_rng.random() < 0.5:  # grouped messages wait for their groups: the bound counts the rest
+                    queues[i] = msgspec.structs.replace(queues[i], group_header=None)
+                if queues[i].priority and fair_rng.random() < 0.5:
+                    queues[i] = msgspec.structs.replace(queues[i], priority_aging=fair_rng.choice([1, 3]))
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
         ngroups = rng.choice([1, 3, 10])
         return cls(
@@ -147,6 +159,8 @@ class Simulator:
     def __init__(self, seed: int, steps: int = 2000) -> None:
         self.options = SimOptions.draw(seed, steps)
         self.rng = random.Random(seed * 7919 + 1)
+        self.tenant_rng = random.Random(seed * 7919 + 2)
+        self.fair = any(q.tenant_header for q in self.options.queues)
         self.journal = MemoryJournal()
         self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
         self.oracle = Oracle()
@@ -327,6 +341,8 @@ class Simulator:
         flt = None
         if filtered and self.rng.random() < self.options.p_filtered:
             flt = self.rng.choice(FILTERS)
+            if self.engine.queues[queue].settings.tenant_header:
+                flt = None  # the fair-share bound holds where no filter refuses a tenant's messages
         if filtered and self.rng.random() < self.options.p_pull:
             self.workers[name] = Worker(name, sub_id, queue, filter=flt, pull=True)
             return
@@ -334,6 +350,9 @@ class Simulator:
         self.workers[name] = Worker(name, sub_id, queue, filter=flt)
 
     def publish(self, count: int) -> None:
+        tenant = self.tenant_rng.choice(TENANTS)  # a burst of one tenant's ("": no header)
+        if self.fair:
+            count += self.tenant_rng.choice([0, 0, 8, 16])  # backlogs for the fair share to share out
         for _ in range(count):
             topic = self.rng.choice(self.options.topics)
             group = self.rng.choice(self.options.groups)
@@ -342,6 +361,8 @@ class Simulator:
             prio = self.rng.choice(PRIORITIES)
             if prio is not None:
                 headers["prio"] = prio
+            if tenant:
+                headers["tenant"] = tenant
             not_before = 0
             if self.rng.random() < self.options.p_delay:
                 not_before = self.now_ms + self.rng.randint(1, 500)

@@ -48,6 +48,13 @@ class GroupRow:
 
 
 @dataclass
+class TenantRow:
+    """A fair queue's tenants holding most: [{tenant, weight, held}], most first."""
+    queue: str
+    tenants: list[dict]
+
+
+@dataclass
 class TopModel:
     endpoint: str
     version: str
@@ -65,6 +72,7 @@ class TopModel:
     connected: bool = True
     note: str = ""
     oldest_why: str | None = None  # why the top queue's oldest waiting message waits (zq explain)
+    tenants: list[TenantRow] = field(default_factory=list)
 
 
 def oldest_to_explain(m: TopModel) -> tuple[str, int] | None:
@@ -142,7 +150,7 @@ SORTS = {
 def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: History, sort: str = "depth") -> TopModel:
     dt = dt_ms / 1000
     prevq = (prev or {}).get("queues", {})
-    queues, consumers, groups = [], [], []
+    queues, consumers, groups, tenants = [], [], [], []
     for name, q in curr["queues"].items():
         p = prevq.get(name)
         lat = q["ack_latency"]
@@ -175,6 +183,8 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         if "group_summary" in q and q["group_summary"]["count"]:
             gs = q["group_summary"]
             groups.append(GroupRow(name, gs["count"], gs["in_flight"], gs["busiest"]))
+        if q.get("tenants"):
+            tenants.append(TenantRow(name, q["tenants"]))
     queues.sort(key=SORTS.get(sort, SORTS["depth"]))
     consumers.sort(key=lambda c: (c.queue, c.name))
     srv = curr["server"]
@@ -182,7 +192,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         endpoint=endpoint, version=srv["version"], uptime_ms=srv["uptime_ms"], durability=srv["durability"],
         journal_bytes=srv["journal_bytes"], journal_map_bytes=srv.get("journal_map_bytes", 0), rates=srv.get("rates", {}),
         publishers=srv.get("publishers", 0), workers=srv.get("workers", 0),
-        queues=queues, consumers=consumers, groups=groups, sort=sort,
+        queues=queues, consumers=consumers, groups=groups, sort=sort, tenants=tenants,
     )
 
 

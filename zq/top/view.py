@@ -99,6 +99,16 @@ def groups_table(m: TopModel) -> Table:
     return t
 
 
+def tenants_table(m: TopModel) -> Table:
+    t = Table(title="tenants (fair share)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("queue", no_wrap=True)
+    t.add_column("holding most (messages, weight)")  # wraps: there may be ten
+    for row in m.tenants:
+        t.add_row(row.queue, ", ".join(f"{x['tenant'][:24] or '(none)'} ({x['held']:,}, w{x['weight']})"
+                                       for x in row.tenants))
+    return t
+
+
 def render(m: TopModel) -> Group:
     parts = [header(m), queues_table(m)]
     if m.oldest_why:
@@ -106,4 +116,6 @@ def render(m: TopModel) -> Group:
     parts.append(consumers_table(m))
     if m.groups:
         parts.append(groups_table(m))
+    if m.tenants:
+        parts.append(tenants_table(m))
     return Group(*parts)
