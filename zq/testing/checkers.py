@@ -22,16 +22,21 @@ the safety properties zq promises after every step:
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
   message waits (checked per step, for queues without content-filtered subscribers);
 * in a fair queue (tenants), no tenant is starved of its share: while a tenant has a
-  message waiting that was never delivered nor delayed and is in no group, each other
-  tenant gets at most ``ceil(w_other / w_tenant) + 1`` first deliveries before it gets
-  one (with ``priority_aging = A``, plus ``A * w_other`` per priority level between
-  them; with strict priority, counted within a level), for queues without
-  content-filtered subscribers;
+  *fresh* message waiting (never delivered, in no group), each other tenant gets at
+  most ``ceil(w_other / w_tenant) + 1`` first deliveries of fresh messages before the
+  tenant is served again, plus that much again for each place its own older messages
+  hold (waiting in a group, delayed, returned; or several of its places served in one
+  step), plus ``priority_aging * 10 * w_other`` with aging; with strict priority,
+  counted within a level. A step counts as one moment (its events are grouped by
+  consumer, not in dispatch order). Left out: queues with content-filtered
+  subscribers, and a tenant that lost a place unserved (a message expired, purged or
+  replaced before delivery still took its place in the order) until the next restart;
 * the engine's own structures agree with each other (``check_engine``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from zq.core import records as R
@@ -79,6 +84,8 @@ class FairView:
     members: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     overtaken: dict[tuple[str, int], int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)  # every tenant that had a message here
+    step: list[tuple[tuple[str, int] | None, tuple[str, int] | None]] = field(default_factory=list)
+    tainted: set[tuple[str, int]] = field(default_factory=set)  # shares that lost a place unserved
     most: int = 0  # the largest count seen, in % of its bound (the check ran on real cases)
 
     def weight(self, tenant: str) -> int:
@@ -95,15 +102,17 @@ class FairView:
             self.fresh.setdefault(share, set()).add(seq)
             self.share_of[seq] = share
 
-    def drop(self, seq: int) -> tuple[str, int] | None:
-        """It is no longer fresh. Unless it was delivered (``leased``), it left without its
-        turn (expired, purged, replaced, delayed) yet took its place in its tenant's
-        order, so the others may take one more place's worth before the tenant's next."""
+    def drop(self, seq: int, served: bool = False) -> tuple[str, int] | None:
+        """It is no longer fresh. Unless it was delivered (``served``), it left without
+        its turn (expired, purged, replaced, delayed) yet took its place in its tenant's
+        order, a place whose time may still be ahead: the tenant's wait is not bounded by
+        the counts here any more, and it is left out until a restart re-tags the queue."""
         share = self.share_of.pop(seq, None)
         if share is not None:
             members = self.fresh[share]
             members.discard(seq)
-            self.overtaken[share] = self.overtaken.get(share, 0) - self.per_tag(share)  # (``leased`` ends it)
+            if not served:
+                self.tainted.add(share)
             if not members:
                 del self.fresh[share]
         return share
@@ -130,29 +139,37 @@ class FairView:
         return sum(-(-self.weight(u) // w) + 1 + aging * self.weight(u)
                    for u in self.seen if u != share[0]) + ahead * self.per_tag(share)
 
-    def leased(self, queue: str, seq: int, unfiltered: bool, held: dict[int, str]) -> None:
-        served = self.member.get(seq)
-        if served is not None:
-            self.overtaken.pop(served, None)  # its share's turn (a redelivery too: a restart re-tags them)
-        share = self.drop(seq)
-        if share is not None:
-            self.overtaken.pop(share, None)
-        if share is None:
-            return
+    def leased(self, seq: int) -> None:
+        """Delivered in this step (counted at its end: a step's events are grouped by
+        consumer, not in the order the dispatcher went)."""
+        self.step.append((self.member.get(seq), self.drop(seq, served=True)))
+
+    def end_step(self, queue: str, unfiltered: bool, held: dict[int, str]) -> None:
+        """A share served in the step has had its turn; every other share with fresh
+        messages waiting counts the step's first deliveries of its rivals."""
+        step, self.step = self.step, []
+        served = Counter(share for share, _ in step if share is not None)
+        for share, times in served.items():
+            # Its turn (a redelivery too: a restart re-tags them). Several of its places
+            # went at once: the others are owed their shares of each before its next.
+            self.overtaken[share] = -(times - 1) * self.per_tag(share)
         if not unfiltered:
             self.overtaken.clear()  # a filter may refuse a tenant's messages: no share is owed
             return
-        for other in self.fresh:
-            if other[0] == share[0] or other[1] != share[1]:
-                continue  # (strict priority: another level is not this share's rival)
-            n = self.overtaken.get(other, 0) + 1
-            self.overtaken[other] = n
-            limit = self.bound(other, held)
-            self.most = max(self.most, n * 100 // max(limit, 1))
-            if n > limit:
-                raise InvariantError(f"{queue}: tenant {other[0]!r} starved: {n} first deliveries of other tenants "
-                                     f"since its last, over its bound {limit}, while {sorted(self.fresh[other])[:5]} "
-                                     f"wait (weights {self.settings.tenant_weights})")
+        for _, share in step:
+            if share is None:
+                continue
+            for other in self.fresh:
+                if other in served or other in self.tainted or other[0] == share[0] or other[1] != share[1]:
+                    continue  # (strict priority: another level is not this share's rival)
+                n = self.overtaken.get(other, 0) + 1
+                self.overtaken[other] = n
+                limit = self.bound(other, held)
+                self.most = max(self.most, n * 100 // max(limit, 1))
+                if n > limit:
+                    raise InvariantError(f"{queue}: tenant {other[0]!r} starved: {n} first deliveries of other "
+                                         f"tenants since its last, over its bound {limit}, while "
+                                         f"{sorted(self.fresh[other])[:5]} wait (weights {self.settings.tenant_weights})")
 
 
 PRIORITY_SPREAD = 10  # the simulator's largest priority minus its smallest
@@ -186,6 +203,10 @@ class Oracle:
                 self.on_event(engine, rec)
         for name, leased in self.step_leased.items():
             self.check_rank_order(engine, name, leased)
+        for name, view in self.queues.items():
+            if view.fair is not None and view.fair.step:
+                q = engine.queues.get(name)
+                view.fair.end_step(name, q is not None and not q.filtered, view.held)
 
     def check_rank_order(self, engine: Engine, name: str, leased: list[int]) -> None:
         """Every message leased this step ranks no worse than any ungrouped one still waiting."""
@@ -257,11 +278,10 @@ class Oracle:
                 return
             view = self.queue_view(q)
         kind = ev.kind
-        unfiltered = not engine.queues[ev.queue].filtered if ev.queue in engine.queues else False
         for seq in ev.bookmarks:
             if kind == R.LEASED:
                 if view.fair is not None:  # (first: at-most-once finishes the message as it is leased)
-                    view.fair.leased(ev.queue, seq, unfiltered, view.held)
+                    view.fair.leased(seq)
                 self.on_leased(view, ev, seq)
             elif kind == R.ACKED:
                 view.held.pop(seq, None)
@@ -294,7 +314,7 @@ class Oracle:
             view.due.update(zip(ev.bookmarks, ev.due_ms))
             if view.fair is not None:
                 for seq in ev.bookmarks:
-                    view.fair.drop(seq)  # it waits for its time: not one the share is owed
+                    view.fair.drop(seq, served=True)  # it waits for its time, and keeps its place
 
     def on_leased(self, view: QueueView, ev: R.Event, seq: int) -> None:
         self.deliveries += 1
@@ -360,6 +380,7 @@ class Oracle:
             view.leased_at.clear()
             if view.fair is not None:
                 view.fair.overtaken.clear()  # the restarted queue tags what is left afresh
+                view.fair.tainted.clear()
 
     # ------------------------------------------------------------ checking
 
