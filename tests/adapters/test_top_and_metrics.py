@@ -167,3 +167,17 @@ def _acked(families: dict) -> float:
     if fam is None:
         return -1
     return sum(s.value for s in fam.samples if s.labels.get("queue") == "jobs" and s.name == "zq_acked_total")
+
+
+def test_a_fair_queue_exports_what_its_tenants_hold():
+    from zq.core import Engine, QueueSettings
+    from zq.server.metrics import queue_metrics
+
+    eng = Engine([QueueSettings(name="jobs", tenant_header="tenant")])
+    for tenant, n in (("acme", 3), ("initech", 1)):
+        for _ in range(n):
+            eng.publish("jobs", b"x", {"tenant": tenant}, 0)
+    eng.drain(0)
+    families = {f.name: f for f in queue_metrics(eng.stats())}
+    held = {s.labels["tenant"]: s.value for s in families["zq_tenant_held"].samples}
+    assert held == {"acme": 3, "initech": 1}

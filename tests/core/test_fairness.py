@@ -231,3 +231,58 @@ def test_explain_names_the_tenant_its_weight_and_what_goes_before_it_by_the_shar
     assert any(w.startswith("4 messages go before it by the fair share") and "weight 1" in w for w in doc["why"]), doc
     first = explain(h.engine, "jobs", big[0], h.now, h.journaled[big[0]].topic, h.journaled[big[0]].headers)
     assert not any("fair share" in w for w in first["why"])
+
+
+def fair_share_lag(seed: int, steps: int = 300) -> float:
+    """A random workload served one message at a time; over every stretch in which two
+    tenants both have messages waiting, how far their services, each divided by its
+    weight, drift apart, in units of the bound start-time fair queuing guarantees
+    (``1 / w_t + 1 / w_u``, Goyal, Vin and Cheng). The largest such ratio seen."""
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "b", "c", "d"][: rng.randint(2, 4)]
+    weights = {t: rng.randint(1, 5) for t in names}
+    h = Harness(msgspec.structs.replace(FAIR, tenant_weights=weights))
+    h.sub("w", "jobs", backlog=1)
+    waiting: dict[str, int] = {t: 0 for t in names}
+    served = {(t, u): [0, 0] for t in names for u in names if t < u}  # since both began to wait
+    worst = 0.0
+    for _ in range(steps):
+        if rng.random() < 0.5:
+            t = rng.choice(names)
+            n = rng.choice([1, 1, 3, 10])
+            h.pub("jobs", n, tenant=t)
+            waiting[t] += n
+        before = {t for t in names if waiting[t]}
+        got = take(h, 1)
+        if not got:
+            continue
+        who = h.journaled[got[0]].headers["tenant"]
+        waiting[who] -= 1
+        for (t, u), counts in served.items():
+            if t in before and u in before:
+                counts[0] += who == t
+                counts[1] += who == u
+                lag = abs(counts[0] / weights[t] - counts[1] / weights[u])
+                worst = max(worst, lag / (1 / weights[t] + 1 / weights[u]))
+            if not (waiting[t] and waiting[u]):
+                counts[0] = counts[1] = 0  # the stretch ends
+    return worst
+
+
+def test_backlogged_tenants_never_drift_apart_more_than_start_time_fair_queuing_allows():
+    worst = max(fair_share_lag(seed) for seed in range(40))
+    assert 0.5 <= worst <= 1.0 + 1e-6, worst  # reached (the check bites) and never passed
+
+
+@pytest.mark.interpreted_core
+@pytest.mark.parametrize("bug", ["weights-ignored", "tenants-ignored"])
+def test_the_drift_check_catches_a_share_that_ignores_weights_or_tenants(bug, monkeypatch):
+    from zq.core.fairshare import FairShare
+
+    if bug == "weights-ignored":
+        monkeypatch.setattr(FairShare, "weight", lambda self, tenant: 1)
+    else:
+        monkeypatch.setattr(FairShare, "tenant", lambda self, headers: "")
+    assert max(fair_share_lag(seed) for seed in range(40)) > 1.0

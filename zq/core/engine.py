@@ -1164,7 +1164,7 @@ def queue_kind(s: QueueSettings) -> str:
     if s.tenant_header:
         parts.append("tenants")
     if s.priority:
-        parts.append(f"priority(aging {s.priority_aging})" if s.priority_aging else "priority")
+        parts.append("priority/aging" if s.priority_aging else "priority")
     if s.sort_key:
         parts.append("sorted")
     if s.target_queue_depth:

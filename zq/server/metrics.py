@@ -13,6 +13,8 @@ Metric names (all labelled by ``queue`` where per queue):
   deliveries by cause: ``zq_failed_total``, ``zq_lease_expiries_total``,
   ``zq_consumers_gone_total`` (counters)
 * ``zq_queue_oldest_message_seconds`` (gauge; 0 when nothing waits)
+* ``zq_tenant_held`` (gauge, labelled ``queue`` and ``tenant``: messages a tenant holds in a
+  fair queue, waiting or leased; the ten tenants holding most, so a scrape stays small)
 * ``zq_ack_latency_seconds`` (histogram: publish -> ack; ``_bucket``, ``_sum``, ``_count``)
 * ``zq_journal_bytes``, ``zq_uptime_seconds``, ``zq_peers``, ``zq_workers`` (gauges)
 """
@@ -64,7 +66,11 @@ def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
     oldest = GaugeMetricFamily("zq_queue_oldest_message_seconds", "Age of the oldest waiting message", labels=["queue"])
     counters = {k: CounterMetricFamily(f"zq_{k}", f"Messages {k.replace('_', ' ')}", labels=["queue"]) for k in COUNTERS}
     hist = HistogramMetricFamily("zq_ack_latency_seconds", "Publish to ack latency", labels=["queue"])
+    tenants = GaugeMetricFamily("zq_tenant_held", "Messages a tenant holds in a fair queue (the ten holding most)",
+                                labels=["queue", "tenant"])
     for name, q in sorted(st["queues"].items()):
+        for t in q.get("tenants", ()):
+            tenants.add_metric([name, t["tenant"]], t["held"])
         for key, fam in gauges.items():
             fam.add_metric([name], q.get(key, 0))
         consumers.add_metric([name], len(q["consumers"]))
@@ -80,6 +86,7 @@ def queue_metrics(st: dict):  # type: ignore[no-untyped-def]
     yield from gauges.values()
     yield consumers
     yield oldest
+    yield tenants
     yield from counters.values()
     yield hist
 
