@@ -86,6 +86,7 @@ class FairView:
     seen: set[str] = field(default_factory=set)  # every tenant that had a message here
     step: list[tuple[tuple[str, int] | None, tuple[str, int] | None]] = field(default_factory=list)
     tainted: set[tuple[str, int]] = field(default_factory=set)  # shares that lost a place unserved
+    delivered: set[int] = field(default_factory=set)  # members delivered at least once
     most: int = 0  # the largest count seen, in % of its bound (the check ran on real cases)
 
     def weight(self, tenant: str) -> int:
@@ -122,6 +123,9 @@ class FairView:
         share = self.member.pop(seq, None)
         if share is not None:
             self.members[share].discard(seq)
+            if seq not in self.delivered:
+                self.tainted.add(share)  # (one that waited in a group or for its time, then expired)
+        self.delivered.discard(seq)
 
     def per_tag(self, share: tuple[str, int]) -> int:
         """What the others may take for one place in this share's order."""
@@ -142,6 +146,7 @@ class FairView:
     def leased(self, seq: int) -> None:
         """Delivered in this step (counted at its end: a step's events are grouped by
         consumer, not in the order the dispatcher went)."""
+        self.delivered.add(seq)
         self.step.append((self.member.get(seq), self.drop(seq, served=True)))
 
     def end_step(self, queue: str, unfiltered: bool, held: dict[int, str]) -> None:
