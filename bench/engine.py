@@ -9,18 +9,32 @@ import tracemalloc
 from zq.core import Engine, QueueSettings
 
 
-def level_headers(levels: int) -> list[dict[str, str]]:
-    """Headers cycling through ``levels`` priorities, mixed (a 10-level queue's workload)."""
-    return [{"prio": str((i * 7) % levels)} for i in range(levels)] if levels else [{}]
+def level_headers(levels: int, tenants: int = 0) -> list[dict[str, str]]:
+    """Headers cycling through ``levels`` priorities, mixed (a 10-level queue's workload),
+    and through ``tenants`` tenants (a fair queue's: every tenant sends every priority)."""
+    prios = [{"prio": str((i * 7) % levels)} for i in range(levels)] if levels else [{}]
+    if not tenants:
+        return prios
+    p = len(prios)
+    return [{**prios[i % p], "tenant": f"t{(i // p) % tenants}"} for i in range(p * tenants)]
 
 
-def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, scenario: str = "engine-memory") -> dict:
+def kind_settings(name: str, levels: int, tenants: int, **kw: object) -> QueueSettings:
+    """A FIFO, priority (``levels``) or fair (``tenants``, weights 1..4) queue."""
+    return QueueSettings(name=name, priority="prio" if levels else None,
+                         tenant_header="tenant" if tenants else None,
+                         tenant_weights={f"t{i}": 1 + i % 4 for i in range(tenants)}, **kw)  # type: ignore[arg-type]
+
+
+def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, scenario: str = "engine-memory",
+           tenants: int = 0) -> dict:
     """Heap growth per queued message with no consumers (payloads live in the journal).
 
-    ``levels``: a priority queue (``priority = "prio"``) fed that many priorities."""
-    settings = QueueSettings(name="jobs", group_header="group" if grouped else None, priority="prio" if levels else None)
+    ``levels``: a priority queue (``priority = "prio"``) fed that many priorities;
+    ``tenants``: a fair queue fed that many tenants."""
+    settings = kind_settings("jobs", levels, tenants, group_header="group" if grouped else None)
     engine = Engine([settings])
-    headers = [{"group": f"g{i}"} for i in range(groups)] if grouped else level_headers(levels)
+    headers = [{"group": f"g{i}"} for i in range(groups)] if grouped else level_headers(levels, tenants)
     payload = b"x" * 128
     gc.collect()
     tracemalloc.start()
@@ -33,22 +47,22 @@ def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, s
     tracemalloc.stop()
     q = engine.queues["jobs"]
     assert q.depth == n
-    return {"scenario": scenario, "queued": n, "grouped": grouped, "priority_levels": levels,
+    return {"scenario": scenario, "queued": n, "grouped": grouped, "priority_levels": levels, "tenants": tenants,
             "heap_bytes_per_message": round(grown / n, 1)}
 
 
 def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, groups: int = 0, levels: int = 0,
-               scenario: str = "engine-throughput", fenced: bool = False) -> dict:
+               scenario: str = "engine-throughput", fenced: bool = False, tenants: int = 0) -> dict:
     """publish -> deliver -> ack through the engine alone, batched as the server batches.
     ``fenced``: acks name each delivery's epoch and go through ``Engine.settle``, as the
     server's do since fenced leases; else the unfenced ``Engine.ack``."""
-    settings = QueueSettings(name="jobs", max_per_subscription_backlog=max(backlog, 1), group_header="group" if groups else None,
-                             priority="prio" if levels else None)
+    settings = kind_settings("jobs", levels, tenants, max_per_subscription_backlog=max(backlog, 1),
+                             group_header="group" if groups else None)
     engine = Engine([settings])
     for w in range(workers):
         engine.subscribe(f"w{w}", "jobs", f"w{w}", backlog, 0)
     payload = b"x" * 128
-    headers = [{"group": f"g{i}"} for i in range(groups)] if groups else level_headers(levels)
+    headers = [{"group": f"g{i}"} for i in range(groups)] if groups else level_headers(levels, tenants)
     held: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
     epochs: dict[str, list[int]] = {f"w{w}": [] for w in range(workers)}
     published = acked = 0
@@ -80,6 +94,7 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
         "scenario": scenario,
         "messages": n,
         "priority_levels": levels,
+        "tenants": tenants,
         "workers": workers,
         "backlog": backlog,
         "publish_batch": batch,
@@ -92,10 +107,11 @@ def throughput(n: int, workers: int = 4, backlog: int = 16, batch: int = 64, gro
 
 
 def kinds(n_memory: int, n_throughput: int) -> list[dict]:
-    """A priority queue with 10 levels next to a plain FIFO: memory per queued message
-    (no consumers) and engine-only throughput (4 workers, backlog 16, batches of 64)."""
+    """A priority queue with 10 levels, a fair queue of 100 tenants (weights 1..4) and
+    both at once, next to a plain FIFO: memory per queued message (no consumers) and
+    engine-only throughput (4 workers, backlog 16, batches of 64)."""
     rows = []
-    for levels in (0, 10):
-        rows.append(memory(n_memory, levels=levels, scenario="kinds"))
-        rows.append(throughput(n_throughput, levels=levels, scenario="kinds"))
+    for levels, tenants in ((0, 0), (10, 0), (0, 100), (10, 100)):
+        rows.append(memory(n_memory, levels=levels, tenants=tenants, scenario="kinds"))
+        rows.append(throughput(n_throughput, levels=levels, tenants=tenants, scenario="kinds"))
     return rows

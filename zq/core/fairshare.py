@@ -22,10 +22,13 @@ lower one); with ``priority_aging = N`` each priority level is worth only ``N`` 
 worth of the virtual clock, so a steady stream of high priority from one tenant delays a
 lower-priority message by a bounded amount and never starves it.
 
-The rank packs (effective tag, start tag) into one integer so that the start tag can be
-read back when the message is dispatched (it moves the clock) without a per-message map:
-``level = ((effective << START_BITS) | start) - BASE``. Every level is negative and far
-above ``Queue.key_floor``, as zq.core.ordering requires.
+The level packs what orders a message with its start tag, so that the tag (and, with
+strict priority, the level's lane) can be read back when the message is dispatched (it
+moves the clock) without a per-message map. Without priority, ``start - SPAN``; with
+strict priority ``p``, ``(-p << START_BITS) + start - SPAN`` (the same when ``p`` is 0);
+with aging, ``((start - p * aging) << START_BITS | start) - BASE``, the one wide form.
+Every level is negative and far above ``Queue.key_floor``, as zq.core.ordering
+requires; the narrow forms keep a queued message's rank a small int (bench ``kinds``).
 
 Everything here is integer arithmetic on what the message carries and what the queue
 dispatched, so the engine stays deterministic. After a restart the clock and the tags
@@ -43,8 +46,8 @@ from zq.core.ordering import priority_of
 UNIT = 1 << 30  # the virtual time one message of weight 1 takes
 START_BITS = 130  # a start tag stays below 2**130 (2**100 messages of weight 1)
 START_MASK = (1 << START_BITS) - 1
-STRICT_SHIFT = 66  # strict priority: a level outweighs any start tag (2**(64+66) > START_MASK)
-BASE = 1 << 330  # every level is below zero: |effective| << START_BITS < 2**325
+SPAN = 1 << START_BITS  # narrow forms: start - SPAN < 0
+BASE = 1 << 330  # the aging form: |effective| << START_BITS < 2**256 (p < 2**64, aging steps < 2**60)
 
 
 class FairShare:
@@ -104,10 +107,8 @@ class FairShare:
             self.held[tenant] = self.held.get(tenant, 0) + 1
             self.tenant_of[seq] = tenant
         if self.aging_step:
-            effective = start - p * self.aging_step
-        else:
-            effective = start - (p << (64 + STRICT_SHIFT))
-        return ((effective << START_BITS) | start) - BASE
+            return (((start - p * self.aging_step) << START_BITS) | start) - BASE
+        return start - (p << START_BITS) - SPAN
 
     def forget_idle(self) -> None:
         """A share that ended before its level's clock starts at the clock anyway. (When
@@ -127,9 +128,11 @@ class FairShare:
             self.floor = self.last_finish
             self.clocks.clear()
             return
-        tag = (rank >> 64) + BASE
-        start = tag & START_MASK
-        lane = 0 if self.aging_step else (start - (tag >> START_BITS)) >> (64 + STRICT_SHIFT)
+        if self.aging_step:
+            start, lane = ((rank >> 64) + BASE) & START_MASK, 0
+        else:
+            tag = (rank >> 64) + SPAN
+            start, lane = tag & START_MASK, -(tag >> START_BITS)
         if start > self.clocks.get(lane, 0):
             self.clocks[lane] = start
 
