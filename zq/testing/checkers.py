@@ -386,6 +386,7 @@ class Oracle:
             if view.fair is not None:
                 view.fair.overtaken.clear()  # the restarted queue tags what is left afresh
                 view.fair.tainted.clear()
+                view.fair.delivered.clear()  # (delivered before the restart: its new place is not yet served)
 
     # ------------------------------------------------------------ checking
 
