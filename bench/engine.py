@@ -21,9 +21,9 @@ def level_headers(levels: int, tenants: int = 0) -> list[dict[str, str]]:
 
 def kind_settings(name: str, levels: int, tenants: int, **kw: object) -> QueueSettings:
     """A FIFO, priority (``levels``) or fair (``tenants``, weights 1..4) queue."""
-    return QueueSettings(name=name, priority="prio" if levels else None,
-                         tenant_header="tenant" if tenants else None,
-                         tenant_weights={f"t{i}": 1 + i % 4 for i in range(tenants)}, **kw)  # type: ignore[arg-type]
+    if tenants:  # (only then: ``engine-vs`` runs this against cores from before fair queues)
+        kw.update(tenant_header="tenant", tenant_weights={f"t{i}": 1 + i % 4 for i in range(tenants)})
+    return QueueSettings(name=name, priority="prio" if levels else None, **kw)  # type: ignore[arg-type]
 
 
 def memory(n: int, grouped: bool = False, groups: int = 1000, levels: int = 0, scenario: str = "engine-memory",
