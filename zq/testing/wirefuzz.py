@@ -120,7 +120,8 @@ class FrameMaker:
         if r < 0.5:
             return {}
         if r < 0.7:
-            return {"group": self.pick(["g1", "g2", "g3", "", "g" * 5000]), "priority": self.pick(["1", "99999999999999999999", "-3", "x"])}
+            return {"group": self.pick(["g1", "g2", "g3", "", "g" * 5000]), "priority": self.pick(["1", "99999999999999999999", "-3", "x"]),
+                    "tenant": self.pick(["a", "b", "", "t" * 4000])}
         if r < 0.8:
             return {f"h{i}": "v" for i in range(self.pick([10, 64, 65, 200]))}
         if r < 0.9:
@@ -189,7 +190,10 @@ class FrameMaker:
                                 ("publish_to", [None] + TOPICS), ("group_header", ["group", "", "g" * 5000, None]),
                                 ("max_per_subscription_backlog", [1, n()]), ("target_queue_depth", [0, 10, n()]),
                                 ("overflow", ["reject", "ring", "flow-control", "x"]), ("max_deliveries", [0, 3, n()]),
-                                ("group_policy", ["sequenced", "exclusive", "x"]), ("semantics", ["at-most-once", "x"])):
+                                ("group_policy", ["sequenced", "exclusive", "x"]), ("semantics", ["at-most-once", "x"]),
+                                ("tenant_header", ["tenant", "", "t" * 5000, None]), ("priority_aging", [0, 5, n()]),
+                                ("tenant_weights", [{}, {"a": 3}, {"a": n()}, {"x" * 5000: 1}, {"a": "x"}, [1]]),
+                                ("tenant_default_weight", [1, 0, n()])):
                 if self.rng.random() < 0.25:
                     args[key] = f(self.pick(values))
             return args
