@@ -20,6 +20,7 @@ CASES = [
     ("worker_fleet.py", ["--jobs", "60", "--workers", "2"], "60 jobs done by 2 workers; exit codes [0, 0]"),
     ("sequenced_groups.py", ["--customers", "3", "--orders", "6"], "every customer's orders in order"),
     ("priority_queue.py", [], "highest first, oldest first within a priority"),
+    ("fair_tenants.py", ["--flood", "60"], "shared by weight (2 : 1 : 1), not by who came first"),
     ("claims_long_poll.py", [], "claimed 5 in one request"),
     ("asyncio_pubsub.py", ["--messages", "120"], "consumed 120 of 120, in publish order: True"),
     ("dead_letters.py", [], "redrove 1; second pass: 1 paid, 0 failed"),
