@@ -167,9 +167,10 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
         ahead = sum(1 for k in heap if key is not None and k < key)
         tenant = fs.tenant_of.get(seq)
         whose = (f"; its tenant {tenant[:80] or '(none)'!r} has weight {fs.weight(tenant)} and "
-                 f"{fs.held.get(tenant, 0)} messages in the queue" if tenant is not None else "")
+                 f"{fs.held.get(tenant, 0)} in the queue" if tenant is not None else "")
         if ahead:
-            why.append(f"{ahead} messages go before it by the fair share between tenants"
+            goes = "message goes" if ahead == 1 else "messages go"
+            why.append(f"{ahead} {goes} before it by the fair share between tenants"
                        f"{' and priority' if q.priority_fn is not None else ''}{whose}")
     if not why:
         why.append("next in line: it goes with the next dispatch")
