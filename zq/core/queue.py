@@ -226,8 +226,8 @@ class Queue:
         self.priority_fn = compile_value(s.priority).fn if s.priority else None
         self.fair_share = (FairShare(s.tenant_header, s.tenant_weights, s.tenant_default_weight, s.priority_aging)
                            if s.fair() else None)
-        if self.fair_share is None and s.priority:
-            self.level_fn = level_function(compile_value(s.priority).fn, priority_level)
+        if self.fair_share is None and self.priority_fn is not None:
+            self.level_fn = level_function(self.priority_fn, priority_level)
         elif s.sort_key:
             self.level_fn = level_function(compile_value(s.sort_key).fn, sort_level)
         self.ordered = self.level_fn is not None or self.fair_share is not None
