@@ -12,6 +12,7 @@ class Harness:
         self.engine = Engine(queues, auto_queues=auto_queues, content=self.journaled.get, scan=self.scan)
         self.now = 0
         self.records: list = []
+        self.revokes: list = []  # the last drain's (reclaiming)
 
     def scan(self, from_seq: int, limit: int) -> list[R.Message]:
         return [self.journaled[s] for s in sorted(self.journaled) if s >= from_seq][:limit]
@@ -33,6 +34,7 @@ class Harness:
                     r = R.Message(r.seq, r.ts_ms, r.topic, {**original.headers, **r.headers}, original.payload)
                 self.journaled[r.seq] = r
         self.records.extend(out.records)
+        self.revokes = list(out.revokes)
         got: dict[str, list[int]] = {}
         for d in out.deliveries:
             got.setdefault(d.sub_id, []).extend(d.seqs)

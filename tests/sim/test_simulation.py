@@ -72,13 +72,22 @@ def test_leases_of_connected_workers_are_renewed_up_to_their_maximum_age():
     assert sum(s.renewals for s in sims) > 20
 
 
+def test_idle_workers_reclaim_unstarted_work_and_the_checks_ran():
+    """Reclaimable workers left work unstarted and idle ones took it back: the checks on
+    what was given back, and on idle workers beside unstarted work, ran on real cases."""
+    sims = [Simulator(seed, 800).run() for seed in range(1, 9)]
+    assert sum(s.reclaimed for s in sims) > 50
+    assert sum(s.reclaim_checks for s in sims) > 1000
+
+
 @pytest.mark.interpreted_core
 @pytest.mark.parametrize(
     "bug",
     ["sequenced-group-ignores-inflight", "ack-forgets-to-finish", "lease-expiry-drops-message",
      "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned",
      "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews",
-     "causes-miss-lease-expiries", "fair-share-ignores-tenants"],
+     "causes-miss-lease-expiries", "fair-share-ignores-tenants", "reclaim-takes-started-work",
+     "reclaim-never-asks", "reclaims-count-as-deliveries"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -128,6 +137,14 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         from zq.core.fairshare import FairShare
 
         monkeypatch.setattr(FairShare, "tenant", lambda self, headers: "")
+    elif bug == "reclaim-takes-started-work":  # the holder's "kept" ignored: started work taken back too
+        original_reclaim = Queue.reclaim
+        monkeypatch.setattr(Queue, "reclaim", lambda self, sub, seqs, epochs, kept, kept_epochs: original_reclaim(
+            self, sub, seqs + kept, epochs + kept_epochs, [], []))
+    elif bug == "reclaim-never-asks":
+        monkeypatch.setattr(Queue, "plan_revokes", lambda self: [])
+    elif bug == "reclaims-count-as-deliveries":
+        monkeypatch.setattr(Queue, "counted_deliveries", lambda self, seq, m: m & 0xFFFF)
     elif bug == "fence-ignores-epochs":
         monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":

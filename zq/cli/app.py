@@ -189,6 +189,8 @@ def consume(
     timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
     exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run CMD per message (payload on stdin); exit 0 acks, else cancels"),
     concurrency: int = typer.Option(1, "--concurrency", "-j", help="commands run at once with --exec"),
+    reclaimable: bool = typer.Option(False, "--reclaimable", help="let the dispatcher take back prefetched messages "
+                                     "not yet started, for an idle consumer"),
 ) -> None:
     """Print messages as JSON lines and ack each; or run --exec per message."""
     if concurrency < 1:
@@ -196,7 +198,7 @@ def consume(
     with client_for(endpoint) as c:
         known = {q["name"]: q for q in c.queues()}
         try:
-            sub = c.subscribe(queue, max_backlog=max_backlog or concurrency, filter=filter)
+            sub = c.subscribe(queue, max_backlog=max_backlog or concurrency, filter=filter, reclaimable=reclaimable)
         except ZqError as exc:
             raise fail(str(exc), RET_USAGE) from None
         if queue not in known:  # a typo creates a queue: say so rather than wait in silence

@@ -62,11 +62,15 @@ class AsyncSubscription:
         return self
 
     async def __anext__(self) -> Message:
-        while not self.local:
-            batch = await self.queue.get()
-            self.local = [m for m in batch if m._generation == self.sub.client.generation]
-            self.local.reverse()
-        return self.local.pop()
+        unstarted = self.sub.unstarted
+        while True:
+            while not self.local:
+                batch = await self.queue.get()
+                self.local = [m for m in batch if m._generation == self.sub.client.generation]
+                self.local.reverse()
+            msg = self.local.pop()
+            if unstarted is None or unstarted.take(msg.bookmark, msg.deliveries):
+                return msg  # (else given back before it was taken: another worker has it)
 
     async def get(self, timeout: float | None = None) -> Message | None:
         try:
@@ -89,7 +93,9 @@ class AsyncSubscription:
                 self.local = [m for m in batch if m._generation == self.sub.client.generation]
                 self.local.reverse()
                 continue
-            out.append(self.local.pop())
+            msg = self.local.pop()
+            if self.sub.unstarted is None or self.sub.unstarted.take(msg.bookmark, msg.deliveries):
+                out.append(msg)
         return out
 
     def ack_many(self, messages: list[Message]) -> None:
@@ -144,11 +150,14 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, lambda: self.client.publish_many(topic, messages, **kw))
 
-    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None) -> Opening[AsyncSubscription]:
-        """``await c.subscribe(...)`` or ``async with c.subscribe(...) as sub``."""
-        return Opening(lambda: self._subscribe(queue, max_backlog, filter))
+    def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None,
+                  reclaimable: bool | str = False) -> Opening[AsyncSubscription]:
+        """``await c.subscribe(...)`` or ``async with c.subscribe(...) as sub``
+        (``reclaimable``: as ``zq.Client.subscribe``)."""
+        return Opening(lambda: self._subscribe(queue, max_backlog, filter, reclaimable))
 
-    async def _subscribe(self, queue: str, max_backlog: int, filter: str | None) -> AsyncSubscription:
+    async def _subscribe(self, queue: str, max_backlog: int, filter: str | None,
+                         reclaimable: bool | str = False) -> AsyncSubscription:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[list[Message]] = asyncio.Queue()
 
@@ -156,7 +165,8 @@ class AsyncClient:
             loop.call_soon_threadsafe(inbox.put_nowait, batch)
 
         sub = await loop.run_in_executor(
-            None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter, sink=sink))
+            None, lambda: self.client.subscribe(queue, max_backlog=max_backlog, filter=filter, sink=sink,
+                                                reclaimable=reclaimable))
         return AsyncSubscription(sub, inbox)
 
     async def stats(self) -> dict:

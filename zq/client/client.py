@@ -46,6 +46,7 @@ from zq.client.messages import (
     Replay,
     Subscription,
 )
+from zq.client.reclaim import reclaim_mode
 from zq.client.session import (
     ConnectionLost,
     Outgoing,
@@ -212,15 +213,23 @@ class Client:
         return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c), wait=False) for chunk in publish_chunks(items)]
 
     def subscribe(self, queue: str, *, max_backlog: int = 1, filter: str | None = None, timeout: float = 30.0,
-                  sink: Callable[[list[Message]], None] | None = None) -> Subscription:
+                  sink: Callable[[list[Message]], None] | None = None,
+                  reclaimable: bool | str = False) -> Subscription:
         """``sink``: deliveries go to this callable (on the I/O thread) instead of ``get``;
-        set before the SUBSCRIBE leaves, so no delivery can miss it (the asyncio client)."""
+        set before the SUBSCRIBE leaves, so no delivery can miss it (the asyncio client).
+
+        ``reclaimable``: messages delivered but not yet started may be taken back by the
+        dispatcher for an idle worker, no delivery counted (``zq.client.reclaim``). True:
+        taking a message starts it; ``"explicit"``: ``msg.start()`` does (and returns
+        False for one given back meanwhile)."""
         self._check_open()
-        sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog, filter)
+        reclaimable = reclaim_mode(reclaimable)
+        sub = Subscription(self, f"s{next(self._sub_ids)}", queue, max_backlog, filter, reclaimable)
         sub.sink = sink
         self._subs[sub.sub_id] = sub
         try:
-            answer = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter), timeout=timeout)
+            answer = self._request(lambda req: wire.Subscribe(req, sub.sub_id, queue, max_backlog, filter,
+                                                              bool(reclaimable)), timeout=timeout)
             sub.backlog, sub.group_header = answer.backlog, answer.group_header
         except BaseException:
             self._subs.pop(sub.sub_id, None)
@@ -515,6 +524,9 @@ class Client:
 
     def _open_socket(self) -> zmq.Socket:
         self.generation += 1
+        for sub in list(self._subs.values()):
+            if sub.unstarted is not None:
+                sub.unstarted.reset()  # the old session's deliveries are redelivered
         return open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
 
     def _serve(self, sock: zmq.Socket) -> bool:
@@ -570,6 +582,8 @@ class Client:
             if sub is not None:
                 batch = list(zip(msg.records, msg.deliveries))
                 sub.received += len(batch)
+                if sub.unstarted is not None:
+                    sub.unstarted.delivered((r.seq, n) for r, n in batch)
                 if sub.sink is not None:
                     sub.sink([Message(r, n, sub, self.generation) for r, n in batch])
                 else:
@@ -584,6 +598,13 @@ class Client:
                 sub.inbox.put(_END)
         elif t is wire.Heartbeat:
             pass
+        elif t is wire.Revoke:
+            sub = self._subs.get(msg.sub)
+            if sub is not None:  # (one closed meanwhile: its leases are going back anyway)
+                back = ([], [], list(msg.bookmarks), list(msg.epochs))
+                if sub.unstarted is not None:
+                    back = sub.unstarted.revoke(msg.bookmarks, msg.epochs)
+                sock.send(wire.encode(wire.Release(msg.sub, *back)))
         elif t is wire.Subscribed:
             self._resolve(msg.req, msg)
         elif t is wire.Reply:
@@ -625,7 +646,8 @@ class Client:
                 self._pending[req] = (Future(), None)
                 sub.settle.clear()
                 sub.received = sub.settles_taken = 0
-                sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog, sub.filter)))
+                sock.send(wire.encode(wire.Subscribe(req, sub.sub_id, sub.queue, sub.max_backlog, sub.filter,
+                                                     bool(sub.reclaimable))))
         for req, (_, frame) in list(self._publishes.items()):
             sock.send(frame)
 

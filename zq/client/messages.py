@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from zq import wire
+from zq.client.reclaim import Unstarted
 from zq.client.session import bookmark_arg, cancel_options, duration_arg, results_by_bookmark, settle_command
 from zq.core import records as R
 from zq.core.errors import ZqError
@@ -188,6 +189,14 @@ class Message:
     def expire(self, *, wait: bool = False) -> Any:
         return self._settle("expire", wait)
 
+    def start(self) -> bool:
+        """Start the work: True if it is this worker's to do. On a subscription with
+        ``reclaimable="explicit"`` a message taken but not started may be given back to
+        the queue for an idle worker; then this returns False and the message must be
+        skipped (it goes to someone else; settling it is answered ``lost``). Otherwise
+        taking the message started it, and this is True while its session lives."""
+        return self._sub._start(self)  # type: ignore[no-any-return]
+
     def _settle(self, op: str, wait: bool) -> Any:
         if not self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
             return "ok" if wait else QUEUED
@@ -225,12 +234,16 @@ class MessageStream:
 class Subscription(MessageStream):
     """Iterate to receive messages; closing it (or leaving ``with``) unsubscribes."""
 
-    def __init__(self, client: Session, sub_id: str, queue: str, max_backlog: int, filter: str | None = None) -> None:
+    def __init__(self, client: Session, sub_id: str, queue: str, max_backlog: int, filter: str | None = None,
+                 reclaimable: bool | str = False) -> None:
         self.client = client
         self.sub_id = sub_id
         self.queue = queue
         self.max_backlog = max_backlog
         self.filter = filter
+        self.reclaimable = reclaimable
+        # Reclaimable: what was delivered and not started (zq.client.reclaim).
+        self.unstarted = Unstarted(reclaimable == "explicit") if reclaimable else None
         self.backlog = 0  # granted by the server
         self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
         self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
@@ -250,20 +263,29 @@ class Subscription(MessageStream):
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, or None when ``timeout`` seconds pass without one."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.local:
-            if self.closed or self.ended:
-                raise StopIteration
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
-            except queue_mod.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            if not self._take(item):  # a replay's END: everything before it was taken
-                self.ended = True
-                raise StopIteration
-        return self.local.popleft()
+        while True:
+            while not self.local:
+                if self.closed or self.ended:
+                    raise StopIteration
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    item = self.inbox.get(timeout=wait if wait is None else min(wait, 1.0))
+                except queue_mod.Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    continue
+                if not self._take(item):  # a replay's END: everything before it was taken
+                    self.ended = True
+                    raise StopIteration
+            msg = self.local.popleft()
+            if self.unstarted is None or self.unstarted.take(msg.bookmark, msg.deliveries):
+                return msg
+            # given back to the queue before it was taken: another worker has it
+
+    def _start(self, msg: Message) -> bool:
+        if msg._generation != self.client.generation:
+            return False  # its session is gone, and its lease with it
+        return self.unstarted is None or self.unstarted.start(msg.bookmark, msg.deliveries)
 
     def _take(self, item: tuple[int, list[tuple[R.Message, int]]] | None | object) -> bool:
         """Move an inbox item's messages into ``local``; False for a replay's END."""
@@ -286,9 +308,12 @@ class Subscription(MessageStream):
             return []
         out = [first]
         local = self.local
+        unstarted = self.unstarted
         while len(out) < max_messages:
             if local:
-                out.append(local.popleft())
+                msg = local.popleft()
+                if unstarted is None or unstarted.take(msg.bookmark, msg.deliveries):
+                    out.append(msg)
                 continue
             try:
                 item = self.inbox.get_nowait()
@@ -313,6 +338,9 @@ class Subscription(MessageStream):
         return cancel_messages(self, messages, wait, delay, error)
 
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
+        if self.unstarted is not None and self.unstarted.explicit:
+            messages = list(messages)
+            self.unstarted.settled((m.bookmark, m.deliveries) for m in messages)
         if wait:
             return self._settle_wait(op, [m for m in messages if m.deliveries])
         settle, order = self.settle, self.client._order
@@ -328,6 +356,8 @@ class Subscription(MessageStream):
         gen = self.client.generation
         results = {m.bookmark: "lost" for m in messages if m._generation != gen}
         live = [m for m in messages if m._generation == gen]
+        if self.unstarted is not None:
+            self.unstarted.settled((m.bookmark, m.deliveries) for m in live)
         if live:
             bookmarks = [m.bookmark for m in live]
             epochs = [m.deliveries for m in live]
@@ -341,6 +371,8 @@ class Subscription(MessageStream):
         unsent settle (it then polls every ACK_DELAY), when the user has taken everything
         received so far, or at half the backlog (``Client._settle_due`` decides)."""
         first = not self.settle
+        if self.unstarted is not None and self.unstarted.explicit:
+            self.unstarted.settled(((msg.bookmark, msg.deliveries),))
         self.settle.append((op, msg.bookmark, msg._generation, next(self.client._order), msg.deliveries))
         if first or not self.local or len(self.settle) * 2 >= max(self.backlog, 1):
             self.client._wake()

@@ -41,6 +41,7 @@ import zmq
 
 from zq import wire
 from zq.client.messages import Message, MessageStream, cancel_messages
+from zq.client.reclaim import Unstarted, reclaim_mode
 from zq.client.session import (
     EVENTS,
     NOBLOCK,
@@ -82,8 +83,13 @@ class Worker(MessageStream):
         liveness: int = 3,
         key: object = None,
         server_key: object = None,
+        reclaimable: bool | str = False,
     ) -> None:
+        """``reclaimable``: as ``zq.Client.subscribe`` (deliveries not started may be
+        taken back for an idle worker; True: taking starts; "explicit": ``msg.start()``)."""
         check_target(endpoint)
+        self.reclaimable = reclaim_mode(reclaimable)
+        self.unstarted = Unstarted(reclaimable == "explicit") if reclaimable else None
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self.queue = queue
@@ -126,14 +132,17 @@ class Worker(MessageStream):
         """The next message, or None when ``timeout`` seconds pass without one. Settles
         made so far leave before it waits: the credit they free brings the next ones."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._local:
-            if self.closed:
-                raise StopIteration
-            self._flush()
-            self._pump(deadline)
-            if not self._local and deadline is not None and time.monotonic() >= deadline:
-                return None
-        return self._local.popleft()
+        while True:
+            while not self._local:
+                if self.closed:
+                    raise StopIteration
+                self._flush()
+                self._pump(deadline)
+                if not self._local and deadline is not None and time.monotonic() >= deadline:
+                    return None
+            msg = self._local.popleft()
+            if self.unstarted is None or self.unstarted.take(msg.bookmark, msg.deliveries):
+                return msg  # (else given back before it was taken: another worker has it)
 
     def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Up to ``max_messages``: waits (up to ``timeout``) for the first, then takes what
@@ -144,9 +153,11 @@ class Worker(MessageStream):
         if len(self._local) < max_messages - 1:
             self._pump(0.0)  # frames already here, without waiting
         out = [first]
-        local = self._local
+        local, unstarted = self._local, self.unstarted
         while local and len(out) < max_messages:
-            out.append(local.popleft())
+            msg = local.popleft()
+            if unstarted is None or unstarted.take(msg.bookmark, msg.deliveries):
+                out.append(msg)
         return out
 
     def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> dict[int, str] | None:
@@ -196,6 +207,9 @@ class Worker(MessageStream):
     def _settle_many(self, op: str, messages: Iterable[Message], wait: bool = False) -> dict[int, str] | None:
         """Settles wait until the worker is about to wait, or until half the backlog is
         waiting to be settled: the dispatcher can refill while the rest is worked on."""
+        if self.unstarted is not None and self.unstarted.explicit:
+            messages = list(messages)
+            self.unstarted.settled((m.bookmark, m.deliveries) for m in messages)
         if wait:
             return self._settle_wait(op, [m for m in messages if m.deliveries])
         gen = self.generation  # a message of a session that is gone is redelivered anyway
@@ -212,6 +226,8 @@ class Worker(MessageStream):
         gen = self.generation
         results = {m.bookmark: "lost" for m in messages if m._generation != gen}
         live = [m for m in messages if m._generation == gen]
+        if self.unstarted is not None:
+            self.unstarted.settled((m.bookmark, m.deliveries) for m in live)
         if not live:
             return results
         self._flush()
@@ -228,6 +244,11 @@ class Worker(MessageStream):
         results.update(results_by_bookmark(self._replies.pop(req), bookmarks))  # type: ignore[arg-type]
         return results
 
+    def _start(self, msg: Message) -> bool:
+        if msg._generation != self.generation:
+            return False  # its session is gone, and its lease with it
+        return self.unstarted is None or self.unstarted.start(msg.bookmark, msg.deliveries)
+
     def _extend(self, msg: Message, ms: int) -> None:
         if msg._generation == self.generation and self._sock is not None:
             self._send(wire.Extend(self.sub_id, [msg.bookmark], ms, [msg.deliveries]))
@@ -241,11 +262,14 @@ class Worker(MessageStream):
         self._sock = sock
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
+        if self.unstarted is not None:
+            self.unstarted.reset()
         self._settles.clear()
         self._replies.clear()
         self.backlog = 0
         self._subscribe_req = next(self._reqs)
-        sock.send(wire.encode(wire.Subscribe(self._subscribe_req, self.sub_id, self.queue, self.max_backlog, self.filter)))
+        sock.send(wire.encode(wire.Subscribe(self._subscribe_req, self.sub_id, self.queue, self.max_backlog, self.filter,
+                                             bool(self.reclaimable))))
         self._last_heard = self._last_sent = time.monotonic()
 
     def _send(self, cmd: object) -> None:
@@ -299,6 +323,14 @@ class Worker(MessageStream):
             if msg.sub == self.sub_id:  # type: ignore[attr-defined]
                 gen = self.generation
                 self._local.extend(Message(r, n, self, gen) for r, n in zip(msg.records, msg.deliveries))  # type: ignore[arg-type, attr-defined]
+                if self.unstarted is not None:
+                    self.unstarted.delivered((r.seq, n) for r, n in zip(msg.records, msg.deliveries))  # type: ignore[attr-defined]
+        elif t is wire.Revoke:
+            if msg.sub == self.sub_id and self._sock is not None:  # type: ignore[attr-defined]
+                back = ([], [], list(msg.bookmarks), list(msg.epochs))  # type: ignore[attr-defined]
+                if self.unstarted is not None:
+                    back = self.unstarted.revoke(msg.bookmarks, msg.epochs)  # type: ignore[attr-defined]
+                self._send(wire.Release(self.sub_id, *back))
         elif t is wire.Subscribed:
             self.backlog = msg.backlog  # type: ignore[attr-defined]
             self.group_header = msg.group_header  # type: ignore[attr-defined]

@@ -18,6 +18,17 @@ class Deliver(msgspec.Struct, array_like=True, gc=False):
     deliveries: list[int]
 
 
+class Revoke(msgspec.Struct, array_like=True, gc=False):
+    """Ask subscription ``sub_id`` for these deliveries back, if it has not started them
+    (reclaiming: ``epochs`` are their delivery counts, so the answer names the delivery)."""
+
+    sub_id: str
+    queue: str
+    seqs: list[int]
+    epochs: list[int]
+
+
 class Output(msgspec.Struct, gc=False):
     records: list[Any]
     deliveries: list[Deliver]
+    revokes: list[Revoke] = []

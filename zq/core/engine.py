@@ -41,7 +41,7 @@ from zq.core.errors import (
     ZqError,
 )
 from zq.core.depth import TargetDepthMixin
-from zq.core.effects import Deliver, Output  # noqa: F401 -- also zq.core.engine's: where they were
+from zq.core.effects import Deliver, Output, Revoke  # noqa: F401 -- also zq.core.engine's: where they were
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
@@ -97,6 +97,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.route_cache: dict[str, list[Queue]] = {}
         self.records: list[Any] = []
         self.deliveries: list[Deliver] = []
+        self.revokes: list[Revoke] = []
         self.now_ms = 0
         self.ti_ms = array("q")  # time index: first seq published at each ms
         self.ti_seq = array("Q")
@@ -424,12 +425,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
 
     def subscribe(
         self, sub_id: str, queue: str, consumer: str, max_backlog: int, now_ms: int, filter: str | None = None,
-        consumer_name: str = "",
+        consumer_name: str = "", reclaimable: bool = False,
     ) -> int:
         """Open a subscription; returns its backlog (the credit it gets).
 
         With ``filter`` (the expression language), the subscription gets only the
         messages it matches, oldest first; the others wait for other subscribers.
+        ``reclaimable``: deliveries it has not started may be asked back for a hungry
+        subscription (``Queue.plan_revokes``; the holder answers with ``release_revoked``).
         """
         self.set_time(now_ms)
         check_queue_name(queue)
@@ -447,8 +450,12 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q = self.add_queue(auto_queue(queue, self.next_seq))
         if max_backlog < 1:
             raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
+        if reclaimable and (q.at_most_once or q.browse):
+            raise ProtocolError(f"queue {queue!r} is {'browse-only' if q.browse else 'at-most-once'}: its deliveries "
+                                "cannot be taken back (reclaimable needs an at-least-once queue)")
         backlog = min(q.settings.max_per_subscription_backlog, max_backlog)
         sub = Subscription(sub_id, q, consumer, backlog, match, filter or None)
+        sub.reclaimable = reclaimable
         self.subs[sub_id] = sub
         self.subs_of_consumer.setdefault(consumer, set()).add(sub_id)
         if consumer_name:
@@ -648,6 +655,19 @@ class Engine(ManagementMixin, TargetDepthMixin):
             q.lost_settles += len(lost)
         return results
 
+    def release_revoked(self, sub_id: str, seqs: list[int], epochs: list[int], kept: list[int],
+                        kept_epochs: list[int], now_ms: int) -> int:
+        """A reclaimable subscription's answer to a revoke: ``seqs`` (delivered with
+        ``epochs``) were not started and come back, no delivery counted; ``kept`` (with
+        ``kept_epochs``) were started. Returns how many came back (``Queue.reclaim``)."""
+        self.set_time(now_ms)
+        sub = self.sub(sub_id)
+        if not sub.reclaimable:
+            raise ProtocolError(f"subscription {sub_id.rpartition('/')[2]!r} is not reclaimable")
+        if len(epochs) != len(seqs) or len(kept_epochs) != len(kept):
+            raise ProtocolError(f"{len(epochs)} epochs for {len(seqs)} bookmarks, {len(kept_epochs)} for {len(kept)} kept")
+        return len(sub.queue.reclaim(sub, seqs, epochs, kept, kept_epochs))
+
     def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int, delay_ms: int = -1, error: str = "") -> list[int]:
         """Cancel deliveries: each message goes again after the queue's retry schedule,
         or after ``delay_ms`` (0: at once; -1: the schedule). With ``error`` (why the
@@ -723,6 +743,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     self.refill(q)
                 if q.dirty:
                     q.dispatch(now)
+                if q.holding:  # reclaimed messages were offered to the others: their holders may take more
+                    q.end_hold()
                 self.flush_events(q)  # causes (cancelled, returned) before their expiries
                 if q.expired_out:
                     self.flush_expired(q)
@@ -730,9 +752,13 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if not busy and not any(q.dirty for q in self.queues.values()):
                 break
         for q in self.queues.values():
+            if q.reclaimers:
+                self.plan_revokes(q)
             self.flush_events(q)
             if q.causes_done:  # its dead letters, which read it, are published by now
                 q.causes_done = {}
+            if q.reclaims_done:
+                q.reclaims_done = {}
         for sub in self.subs.values():
             if sub.barrier_out:  # before anything later in the same step
                 seqs, sub.barrier_out = sub.barrier_out, []
@@ -755,13 +781,30 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 if consumer not in self.subs_of_consumer:
                     self.consumer_names.pop(consumer, None)
             self.names_to_forget = []
-        out = Output(self.records, self.deliveries)
+        out = Output(self.records, self.deliveries, self.revokes)
         self.records, self.deliveries = [], []
+        if self.revokes:
+            self.revokes = []
         self.step_messages = None
         self.last_content = (-1, None)
         if self.step_ids:
             self.step_ids = {}
         return out
+
+    def plan_revokes(self, q: Queue) -> None:
+        """Reclaiming: ask holders for unstarted work a hungry subscription could do. The
+        decision runs only when the queue's counters moved since one that found nothing."""
+        key = (q.delivered, q.acked, q.cancelled, q.expired, q.lease_expiries, q.consumers_gone, q.reclaimed,
+               len(q.subs))
+        if key == q.reclaim_seen:
+            return
+        plan = q.plan_revokes()
+        if not plan:
+            if not any(s.revoking for s in q.subs):
+                q.reclaim_seen = key
+            return
+        for sub, seqs, epochs in plan:
+            self.revokes.append(Revoke(sub.sub_id, q.name, seqs, epochs))
 
     def flush_expired(self, q: Queue) -> None:
         expired, q.expired_out = q.expired_out, []
@@ -802,6 +845,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 headers["zq.error"] = causes.last_error
             if causes.last_consumer:
                 headers["zq.consumer"] = causes.last_consumer
+        reclaimed = q.reclaims_done.get(seq) or q.reclaims.get(seq)
+        if reclaimed:  # given back unstarted this often (not counted in zq.deliveries' limit)
+            headers["zq.reclaimed"] = str(reclaimed)
         queues = self.route_or_create(target, dead_letter=False)
         new_seq = self.take_seq()
         self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
@@ -889,6 +935,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "failed": q.failed,
                 "lease_expiries": q.lease_expiries,
                 "consumers_gone": q.consumers_gone,
+                "revoked": q.revoked,
+                "reclaimed": q.reclaimed,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
@@ -903,8 +951,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
                                 "sum_ms": q.ack_latency_sum_ms, "ms": dict(q.ack_latency_ms)},
                 "consumers": [
-                    {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog, "acked": s.acked,
-                     "busy_ms": s.busy_ms}
+                    {"sub": s.sub_id, "consumer": s.consumer, "used": s.used, "backlog": s.backlog + s.held_back,
+                     "acked": s.acked, "busy_ms": s.busy_ms, "reclaimable": s.reclaimable,
+                     "given_back": s.given_back}
                     for s in q.subs
                 ],
             }
@@ -1081,7 +1130,7 @@ def expire_exhausted(q: Queue) -> None:
     gone = q.settings.max_consumer_gone
     for seq in list(q.meta):
         reason = ""
-        if limit and q.deliveries_of(seq) >= limit:
+        if limit and q.counted_deliveries(seq, q.meta[seq]) >= limit:
             reason = R.REASON_MAX_DELIVERIES
         elif gone and (c := q.causes.get(seq)) is not None and c.consumer_gone >= gone:
             reason = R.REASON_MAX_CONSUMER_GONE
@@ -1100,6 +1149,7 @@ class CauseFold:
         self.last: dict[int, tuple[str, str]] = {}  # seq -> (last error, last consumer)
         self.open: dict[int, tuple[int, str, str, int]] = {}  # seq -> (ts, name, consumer, deliveries): not ended
         self.named: list[str] = []  # consumers whose HELLO names recovery put back for its events
+        self.reclaims: dict[int, int] = {}  # seq -> times given back unstarted
 
     def fold(self, ev: R.Event) -> None:
         kind = ev.kind
@@ -1111,6 +1161,11 @@ class CauseFold:
         if kind in (R.ACKED, R.EXPIRED):
             for seq in ev.bookmarks:
                 self.open.pop(seq, None)
+            return
+        if kind == R.RECLAIMED:  # given back unstarted: that delivery ended, and counts for nothing
+            for seq in ev.bookmarks:
+                self.open.pop(seq, None)
+                self.reclaims[seq] = self.reclaims.get(seq, 0) + 1
             return
         if kind == R.CANCELLED:
             slot = 1 if ev.reason else 0
@@ -1146,6 +1201,9 @@ class CauseFold:
         if c is not None:
             error, who = self.last[seq]
             q.restore_causes(seq, c, error, who)
+        n = self.reclaims.get(seq)
+        if n:
+            q.reclaims[seq] = n
 
 
 def latency_key(ms: int) -> int:

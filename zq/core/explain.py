@@ -32,6 +32,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     causes = q.causes_of(seq)
     if causes is not None:  # why earlier deliveries ended unfinished
         out["causes"] = causes.as_dict()
+    reclaimed = q.reclaims.get(seq, 0)
+    if reclaimed:  # given back unstarted: not counted against max_deliveries
+        out["reclaimed"] = reclaimed
     group = group_of(q, seq, headers)
     if group is not None:
         out["group"] = group
@@ -48,6 +51,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
         out["why"] = [f"delivery {out['deliveries']} is out with {out['leased_to']['name'] or sub.consumer} "
                       f"until its lease ends in {out['lease_ends_in_ms']} ms (or it is acked, cancelled or expired)"]
+        if seq in sub.revoking:
+            out["why"].append("asked back for an idle consumer (reclaiming): it comes back if its holder has not "
+                              "started it")
         max_age = q.settings.max_lease_age_ms
         if max_age:
             out["renews_until_ms"] = lease.started_ms + max_age

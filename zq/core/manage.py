@@ -76,15 +76,21 @@ class ManagementMixin:
             if sub.used:
                 raise ProtocolError(f"cannot move a subscription holding {sub.used} messages to another queue; "
                                     "settle them first")
-            consumer = sub.consumer
+            consumer, reclaimable = sub.consumer, sub.reclaimable
+            if reclaimable and ((to := self.queues.get(queue)) is not None  # type: ignore[attr-defined]
+                                and (to.at_most_once or to.browse)):
+                raise ProtocolError(f"a reclaimable subscription cannot move to {queue!r}: its deliveries cannot "
+                                    "be taken back (an at-least-once queue is needed)")
             self.unsubscribe(sub_id, now_ms)  # type: ignore[attr-defined]
-            return self.subscribe(sub_id, queue, consumer, max_backlog, now_ms, filter=filter)  # type: ignore[attr-defined]
+            return self.subscribe(sub_id, queue, consumer, max_backlog, now_ms, filter=filter,  # type: ignore[attr-defined]
+                                  reclaimable=reclaimable)
         q = sub.queue
         if (match is None) != (sub.match is None):
             q.filtered += 1 if match is not None else -1
         sub.match, sub.filter_text = match, filter or None
         sub.skip_gen = -1  # the new filter judges every set-aside message afresh
         sub.backlog = min(q.settings.max_per_subscription_backlog, max_backlog)
+        sub.held_back = 0  # (credit withheld after a reclaim: the new backlog replaces it)
         q.credit_opened(sub)
         return sub.backlog
 

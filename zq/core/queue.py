@@ -100,7 +100,7 @@ class Subscription:
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
         "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive", "barrier_out",
-        "browse_cursor", "browse_out",
+        "browse_cursor", "browse_out", "reclaimable", "revoking", "kept", "held_back", "given_back",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
@@ -130,6 +130,12 @@ class Subscription:
         self.barrier_out: list[int] = []  # barrier messages to send (no lease, no credit)
         self.browse_cursor = 0  # browse_only queues: every message below this was offered
         self.browse_out: set[int] = set()  # browse_only: sent, not yet settled (credit only)
+        # Reclaiming (see Queue.plan_revokes): its unstarted deliveries may be asked back.
+        self.reclaimable = False
+        self.revoking: dict[int, int] = {}  # seq -> epoch: asked back, no answer yet
+        self.kept: dict[int, int] = {}  # seq -> epoch: asked back, already started (not to ask again)
+        self.held_back = 0  # credit given back with reclaimed deliveries, withheld until the others took them
+        self.given_back = 0  # deliveries it gave back unstarted (stats: zq top's consumers)
 
 
 class Lease:
@@ -293,6 +299,14 @@ class Queue:
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
+        # Reclaiming unstarted work (plan_revokes / reclaim): times each message was given
+        # back unstarted (subtracted from its deliveries wherever a limit counts them).
+        self.reclaimers = 0  # reclaimable subscriptions
+        self.reclaims: dict[int, int] = {}
+        self.reclaims_done: dict[int, int] = {}  # this step's finished messages' (their dead letters carry them)
+        self.holding: list[Subscription] = []  # subscriptions whose given-back credit is withheld this step
+        self.reclaim_seen: tuple[int, ...] = ()  # the queue's counters at the last decision that found nothing
+        self.revoked = self.reclaimed = 0  # deliveries asked back, and given back (stats)
 
     # ----------------------------------------------------------------- routing
 
@@ -969,7 +983,9 @@ class Queue:
             self.push_ready(grp)
 
     def credit_opened(self, sub: Subscription) -> None:
-        """Exclusive groups parked for ``sub``'s credit may go again."""
+        """Exclusive groups parked for ``sub``'s credit may go again (and a subscription
+        with new credit may be hungry: reclaiming looks again)."""
+        self.reclaim_seen = ()
         if sub.waiting_groups:
             for gid in sub.waiting_groups:
                 grp = self.groups.get(gid)
@@ -987,6 +1003,10 @@ class Queue:
             c = self.causes.pop(seq, None)
             if c is not None:
                 self.causes_done[seq] = c
+        if self.reclaims:
+            n = self.reclaims.pop(seq, 0)
+            if n:
+                self.reclaims_done[seq] = n
         if self.ordered:
             self.ranks.pop(seq, None)
             if self.fair_share is not None:
@@ -1067,6 +1087,8 @@ class Queue:
             lease.live -= 1
             if self.causes:
                 self.causes.pop(seq, None)
+            if self.reclaims:
+                self.reclaims.pop(seq, None)
             busy += now_ms - lease.started_ms
             events.append((seq, m & _D_MASK))
             done += 1
@@ -1254,7 +1276,7 @@ class Queue:
         """A delivery ended unfinished: expire if out of deliveries, else wait again:
         at once, or (with ``now_ms`` >= 0) after ``delay_ms`` or the queue's retry schedule."""
         max_deliveries = self.settings.max_deliveries
-        if max_deliveries and m & _D_MASK >= max_deliveries:
+        if max_deliveries and self.counted_deliveries(seq, m) >= max_deliveries:
             self.expire_leased(seq, m, R.REASON_MAX_DELIVERIES)
             return
         if now_ms >= 0:
@@ -1463,6 +1485,124 @@ class Queue:
             batch = self.events_out[key] = []
         batch.append((seq, deliveries))
 
+    # ------------------------------------------------- reclaiming unstarted work
+
+    def plan_revokes(self) -> list[tuple[Subscription, list[int], list[int]]]:
+        """Called after dispatch: a subscription with credit that got nothing (*hungry*:
+        it holds none) while a reclaimable one holds deliveries it may not have started:
+        ask the fullest for the newer half of those back, up to what the hungry can take.
+        Returns (holder, bookmarks, epochs) to revoke; the holder answers with what it had
+        not started (``reclaim``). Grouped messages are never asked back (a group's order
+        and holder stay as they are). Called when the queue's counters moved since the
+        last call that found nothing (``reclaim_seen``), so an idle queue costs nothing."""
+        hungry = [s for s in self.subs if s.used == 0 and s.backlog > 0 and not s.held_back]
+        if not hungry:
+            return []
+        lease_of, meta = self.lease_of, self.meta
+        for sub in self.subs:
+            for known in (sub.revoking, sub.kept):  # forget answers about deliveries that ended
+                for seq, epoch in list(known.items()):
+                    lease = lease_of.get(seq)
+                    if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
+                        del known[seq]
+            if sub.revoking:
+                return []  # asked already: wait for the answers (or for those deliveries to end)
+        want = sum(s.backlog for s in hungry)
+        matches = [s.match for s in hungry]
+        anyone = any(m is None for m in matches)
+        donors: list[tuple[int, int, Subscription, list[int]]] = []
+        for i, sub in enumerate(self.subs):
+            if not sub.reclaimable or sub.used - len(sub.kept) < 2:
+                continue
+            cands = self.revocable(sub, anyone, matches)
+            if len(cands) >= 2:
+                donors.append((-len(cands), i, sub, cands))
+        donors.sort()
+        out: list[tuple[Subscription, list[int], list[int]]] = []
+        for neg, _, sub, cands in donors:
+            if want <= 0:
+                break
+            k = min(-neg // 2, want)  # the older half stays: never its oldest unstarted one
+            seqs = cands[:k]
+            epochs = [meta[seq] & _D_MASK for seq in seqs]
+            for seq, epoch in zip(seqs, epochs):
+                sub.revoking[seq] = epoch
+            self.revoked += k
+            want -= k
+            out.append((sub, seqs, epochs))
+        return out
+
+    def revocable(self, sub: Subscription, anyone: bool, matches: list[Callable[[int], bool] | None]) -> list[int]:
+        """``sub``'s deliveries that may be asked back, newest first (at most
+        ``RECLAIM_SCAN_MAX`` looked at): ungrouped, not known started,
+        given back fewer than ``RECLAIMS_PER_MESSAGE_MAX`` times, and wanted by a hungry
+        subscription (``anyone``: one has no filter; else one of ``matches`` takes it)."""
+        lease_of, meta, reclaims = self.lease_of, self.meta, self.reclaims
+        out: list[int] = []
+        looked = 0
+        for lease in reversed(sub.leases):
+            if not lease.live:
+                continue
+            for seq in reversed(lease.seqs):
+                if lease_of.get(seq) is not lease:
+                    continue
+                looked += 1
+                if looked > limits.RECLAIM_SCAN_MAX:
+                    return out
+                if meta[seq] >> _G_SHIFT or seq in sub.kept:
+                    continue
+                if reclaims and reclaims.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
+                    continue
+                if not anyone and not any(m is not None and m(seq) for m in matches):
+                    continue
+                out.append(seq)
+        return out
+
+    def reclaim(self, sub: Subscription, seqs: list[int], epochs: list[int], kept: list[int],
+                kept_epochs: list[int]) -> list[int]:
+        """The holder's answer to a revoke: ``seqs`` (delivered with ``epochs``) it had
+        not started come back to their places, no delivery counted; ``kept`` (delivered
+        with ``kept_epochs``) it had started. Only deliveries that were asked back and are still live are taken, so a
+        client cannot use this to hand back work uncounted. Returns those taken back.
+        Their credit is withheld from the holder until this step's dispatch has offered
+        them to the others (``end_hold``): else the holder could simply take them again."""
+        lease_of, meta = self.lease_of, self.meta
+        back: list[int] = []
+        for seq, epoch in zip(seqs, epochs):
+            if sub.revoking.get(seq) != epoch:
+                continue  # not asked for, or answered already
+            del sub.revoking[seq]
+            lease = lease_of.get(seq)
+            if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
+                continue  # that delivery ended meanwhile (settled, expired)
+            _, m = self.release(seq)
+            self.note_event(R.RECLAIMED, sub.consumer, seq, m & _D_MASK)
+            self.reclaims[seq] = self.reclaims.get(seq, 0) + 1
+            self.reclaimed += 1
+            self.put_back(seq, m)
+            back.append(seq)
+        for seq, epoch in zip(kept, kept_epochs):
+            if sub.revoking.get(seq) == epoch:  # (an answer about an older delivery is not about this one)
+                sub.kept[seq] = sub.revoking.pop(seq)
+        if back:
+            sub.given_back += len(back)
+            if not sub.held_back:
+                self.holding.append(sub)
+            sub.held_back += len(back)
+            sub.backlog -= len(back)
+            self.dirty = True
+        return back
+
+    def end_hold(self) -> None:
+        """After the dispatch that offered reclaimed messages to the others: their holders
+        have their credit again."""
+        holding, self.holding = self.holding, []
+        for sub in holding:
+            if sub.held_back:
+                sub.backlog += sub.held_back
+                sub.held_back = 0
+                self.credit_opened(sub)
+
     # -------------------------------------------------------------------- time
 
     def advance(self, now_ms: int, watermark: int) -> None:
@@ -1613,6 +1753,9 @@ class Queue:
         self.subs.append(sub)
         if sub.match is not None:
             self.filtered += 1
+        if sub.reclaimable:
+            self.reclaimers += 1
+        self.reclaim_seen = ()
         self.dirty = True
 
     def remove_subscription(self, sub: Subscription, now_ms: int = -1) -> None:
@@ -1620,6 +1763,13 @@ class Queue:
         self.subs.remove(sub)
         if sub.match is not None:
             self.filtered -= 1
+        if sub.reclaimable:
+            self.reclaimers -= 1
+        if sub.held_back:
+            sub.backlog += sub.held_back
+            sub.held_back = 0
+        sub.revoking.clear()
+        sub.kept.clear()
         self.skipped_gen += 1  # groups it owned may go to others now
         for lease in sub.leases:
             if lease.live:
@@ -1804,6 +1954,12 @@ class Queue:
 
     def deliveries_of(self, seq: int) -> int:
         return self.meta.get(seq, 0) & _D_MASK
+
+    def counted_deliveries(self, seq: int, m: int) -> int:
+        """Deliveries that count against ``max_deliveries``: those given back unstarted
+        (reclaimed) do not. (The delivery count itself stays the fence's epoch.)"""
+        d = m & _D_MASK
+        return d - self.reclaims.get(seq, 0) if self.reclaims else d
 
     def cancels_of(self, seq: int) -> int:
         return (self.meta.get(seq, 0) >> 16) & _D_MASK

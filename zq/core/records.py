@@ -27,7 +27,8 @@ EXPIRED = "expired"  # removed; ``reason`` says why, dead-lettered if the queue 
 # Waits until ``due_ms`` before it goes (again): a retry's backoff, or a publish's delay.
 # Recovery honours the newest one not followed by a delivery.
 DELAYED = "delayed"
-EVENT_KINDS = (LEASED, ACKED, CANCELLED, LEASE_EXPIRED, RETURNED, EXPIRED, DELAYED)
+RECLAIMED = "reclaimed"  # the holder gave back a delivery it had not started (asked by a revoke): not counted
+EVENT_KINDS = (LEASED, ACKED, CANCELLED, LEASE_EXPIRED, RETURNED, EXPIRED, DELAYED, RECLAIMED)
 
 # Delay reasons (the ``reason`` of a ``delayed`` event).
 DELAY_BACKOFF = "backoff"  # the queue's retry schedule, after a cancel or a lease expiry

@@ -166,7 +166,7 @@ class Commands:
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
         backlog = self.engine.subscribe(sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
-                                        filter=cmd.filter, consumer_name=peer.name)
+                                        filter=cmd.filter, consumer_name=peer.name, reclaimable=cmd.reclaimable)
         peer.subs.add(cmd.sub)
         q = self.engine.queues.get(cmd.queue)
         header = q.settings.group_header if q is not None else "group"
@@ -236,6 +236,15 @@ class Commands:
 
     def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
         self.settle(peer_id, peer, cmd, "extend", now, cmd.ms)
+
+    def on_release(self, peer_id: bytes, peer: Peer, cmd: wire.Release, now: int) -> None:
+        """A reclaimable subscription gives back what it had not started of a REVOKE.
+        Nothing is answered: what was not asked for, or ended meanwhile, is ignored."""
+        if cmd.sub not in peer.subs:
+            raise ProtocolError(f"no subscription {cmd.sub!r} on this connection")
+        if len(cmd.bookmarks) + len(cmd.kept) > limits.ACK_BATCH_MAX:
+            raise LimitError(f"at most {limits.ACK_BATCH_MAX} bookmarks in one release")
+        self.engine.release_revoked(sub_key(peer, cmd.sub), cmd.bookmarks, cmd.epochs, cmd.kept, cmd.kept_epochs, now)
 
     # -------------------------------------------------------------- reading
 
@@ -338,6 +347,7 @@ HANDLERS: dict[type, Handler] = {
     wire.Cancel: Commands.on_cancel,
     wire.Expire: Commands.on_expire,
     wire.Extend: Commands.on_extend,
+    wire.Release: Commands.on_release,
     wire.Unsubscribe: Commands.on_unsubscribe,
     wire.Bye: Commands.on_bye,
     wire.Stats: Commands.on_stats,

@@ -29,6 +29,7 @@ from zq import wire
 from zq.server.config import Config
 from zq.core import limits
 from zq.core import records as R
+from zq.core.effects import Revoke
 from zq.core.engine import Engine
 from zq.core.errors import JournalError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
@@ -286,7 +287,8 @@ class Server(Commands, Stats):
         self.journal.append(out.records)
         # Only fsync mode asks whether a commit must reach the disk before sending.
         self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
-        self.deferred.append((self.held, out.deliveries))
+        # Revokes follow the deliveries they name (never overtake one still waiting on a commit).
+        self.deferred.append((self.held, out.deliveries + out.revokes if out.revokes else out.deliveries))
         self.held = []
         for notice in self.engine.notices:
             log.warning("%s", notice)
@@ -393,6 +395,9 @@ class Server(Commands, Stats):
             if self.flow_held:
                 self.release_flow_held()
             for d in deliveries:
+                if type(d) is Revoke:
+                    self.revoke(d)
+                    continue
                 self.deliver(d)
                 claim = self.claims.pop(d.sub_id, None)
                 if claim is not None:  # the claim's answer follows its DELIVER frames
@@ -557,6 +562,10 @@ class Server(Commands, Stats):
             frame = wire.encode(wire.DeliverRaw(sub, raws[i : i + batch], d.deliveries[i : i + batch]))
             if not self.send(peer_id, frame):
                 return
+
+    def revoke(self, r: Revoke) -> None:
+        consumer, _, sub = r.sub_id.partition("/")
+        self.send(bytes.fromhex(consumer), wire.encode(wire.Revoke(sub, r.seqs, r.epochs)))
 
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms

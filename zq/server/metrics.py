@@ -11,7 +11,8 @@ Metric names (all labelled by ``queue`` where per queue):
 * ``zq_published_total``, ``zq_delivered_total``, ``zq_acked_total``, ``zq_cancelled_total``,
   ``zq_expired_total``, ``zq_dead_lettered_total``, ``zq_redelivered_total``, and unfinished
   deliveries by cause: ``zq_failed_total``, ``zq_lease_expiries_total``,
-  ``zq_consumers_gone_total`` (counters)
+  ``zq_consumers_gone_total``, and ``zq_reclaimed_total`` (deliveries given back unstarted
+  for an idle consumer) (counters)
 * ``zq_queue_oldest_message_seconds`` (gauge; 0 when nothing waits)
 * ``zq_tenant_held`` (gauge, labelled ``queue`` and ``tenant``: messages a tenant holds in a
   fair queue, waiting or leased; the ten tenants holding most, so a scrape stays small)
@@ -30,7 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 from zq.core.errors import ConfigError
 
 COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered", "failed",
-            "lease_expiries", "consumers_gone")
+            "lease_expiries", "consumers_gone", "reclaimed")
 
 
 class ZqCollector:

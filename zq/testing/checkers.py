@@ -17,6 +17,10 @@ the safety properties zq promises after every step:
   time its ``delayed`` event names;
 * every message's account of unfinished deliveries by cause (cancelled, failed, lease
   expired, consumer gone) is what its events say, in the engine and on its dead letter;
+* reclaiming: a delivery is taken back only from its holder (which gave it back
+  unstarted: the simulator checks that), every message's count of such returns is
+  what its events say, in the engine and on its dead letter, and a message expires for
+  ``max_deliveries`` only after that many deliveries not given back;
 * on a queue with ``max_lease_age``, a connected holder's lease does not expire before
   the delivery is that old;
 * in a priority or sorted queue, no message is leased while a better-ranked ungrouped
@@ -68,6 +72,8 @@ class QueueView:
     max_lease_age_ms: int = 0  # leases of connected holders renew until a delivery is this old
     leased_at: dict[int, int] = field(default_factory=dict)  # seq -> when its live delivery began
     causes: dict[int, list[int]] = field(default_factory=dict)  # seq -> [cancelled, failed, expired, gone]
+    reclaims: dict[int, int] = field(default_factory=dict)  # seq -> deliveries given back unstarted
+    max_deliveries: int = 0  # a message expires for it only after this many counted (not given back) deliveries
     tqd: bool = False  # messages read back in from the journal after a restart lose their accounts
     fair: "FairView | None" = None  # tenants: what the fair-share bound is checked against
 
@@ -192,6 +198,7 @@ class Oracle:
             view = self.queues[q.name] = QueueView(q.settings.semantics, q.settings.group_policy,
                                                    browse=q.settings.browse_only,
                                                    max_lease_age_ms=q.settings.max_lease_age_ms,
+                                                   max_deliveries=q.settings.max_deliveries,
                                                    tqd=bool(q.settings.target_queue_depth),
                                                    fair=FairView(q.settings) if q.settings.tenant_header else None)
         return view
@@ -264,16 +271,21 @@ class Oracle:
                 view.group_open.setdefault(group, set()).add(msg.seq)
 
     def check_dead_letter(self, msg: R.Message) -> None:
-        """A dead letter carries its original's account by cause, as the events told it."""
-        if msg.copy_of is None or "zq.cancelled" not in msg.headers:
+        """A dead letter carries its original's account by cause, and how often it was
+        taken back unstarted, as the events told them."""
+        if msg.copy_of is None or "zq.reason" not in msg.headers:
             return
         view = self.queues.get(msg.headers.get("zq.queue", ""))
         if view is None or view.tqd:
             return
-        want = view.causes.get(msg.copy_of, [0, 0, 0, 0])
-        got = [int(msg.headers[k]) for k in ("zq.cancelled", "zq.failed", "zq.lease_expired", "zq.consumer_gone")]
-        if got != want:
-            raise InvariantError(f"dead letter of {msg.copy_of} says causes {got}, its events say {want}")
+        if "zq.cancelled" in msg.headers:
+            want = view.causes.get(msg.copy_of, [0, 0, 0, 0])
+            got = [int(msg.headers[k]) for k in ("zq.cancelled", "zq.failed", "zq.lease_expired", "zq.consumer_gone")]
+            if got != want:
+                raise InvariantError(f"dead letter of {msg.copy_of} says causes {got}, its events say {want}")
+        if int(msg.headers.get("zq.reclaimed", 0)) != view.reclaims.get(msg.copy_of, 0):
+            raise InvariantError(f"dead letter of {msg.copy_of} says it was taken back {msg.headers.get('zq.reclaimed')} "
+                                 f"times, its events say {view.reclaims.get(msg.copy_of, 0)}")
 
     def on_event(self, engine: Engine, ev: R.Event) -> None:
         view = self.queues.get(ev.queue)
@@ -301,9 +313,20 @@ class Oracle:
                     view.barriers.discard(seq)
                 if ev.reason == R.REASON_REQUESTED:
                     view.held.pop(seq, None)  # the holder asked: its lease ends here
+                if ev.reason == R.REASON_MAX_DELIVERIES and view.max_deliveries and not view.tqd:
+                    counted = dict(zip(ev.bookmarks, ev.deliveries))[seq] - view.reclaims.get(seq, 0)
+                    if counted < view.max_deliveries:
+                        raise InvariantError(f"{ev.queue}: {seq} expired for max_deliveries={view.max_deliveries} "
+                                             f"after {counted} counted deliveries ({view.reclaims.get(seq, 0)} given "
+                                             "back unstarted do not count)")
                 if seq in view.held and view.semantics == "at-least-once":
                     raise InvariantError(f"{ev.queue}: {seq} expired while still held by {view.held[seq]}")
                 self.finish(view, seq)
+            elif kind == R.RECLAIMED:
+                if view.held.pop(seq, None) != ev.consumer:
+                    raise InvariantError(f"{ev.queue}: {seq} taken back from {ev.consumer}, which did not hold it")
+                view.leased_at.pop(seq, None)
+                view.reclaims[seq] = view.reclaims.get(seq, 0) + 1
             elif kind in (R.CANCELLED, R.LEASE_EXPIRED, R.RETURNED):
                 view.held.pop(seq, None)
                 if view.semantics == "at-least-once":
@@ -428,6 +451,9 @@ class Oracle:
                     if got != view.causes.get(seq, [0, 0, 0, 0]):
                         raise InvariantError(f"{name}: {seq} has causes {got}, its events say "
                                              f"{view.causes.get(seq, [0, 0, 0, 0])}")
+                    if q.reclaims.get(seq, 0) != view.reclaims.get(seq, 0):
+                        raise InvariantError(f"{name}: {seq} taken back {q.reclaims.get(seq, 0)} times, its events "
+                                             f"say {view.reclaims.get(seq, 0)}")
             held_by: dict[str, int] = {}
             for seq, consumer in view.held.items():
                 held_by[consumer] = held_by.get(consumer, 0) + 1

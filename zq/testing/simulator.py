@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.errors import QueueFullError, ZqError
@@ -153,6 +154,9 @@ class Worker:
     filter: str | None = None
     pull: bool = False  # claims instead of a subscription
     destructive: bool = False  # the claim of this step removes what it takes
+    reclaimable: bool = False  # deliveries wait in ``untaken`` until started; revokes give those back
+    untaken: list[tuple[int, int]] = field(default_factory=list)  # delivered, not started (bookmark, epoch)
+    revokes: list[tuple[list[int], list[int]]] = field(default_factory=list)  # asked back, not answered
 
 
 class Simulator:
@@ -160,6 +164,11 @@ class Simulator:
         self.options = SimOptions.draw(seed, steps)
         self.rng = random.Random(seed * 7919 + 1)
         self.tenant_rng = random.Random(seed * 7919 + 2)
+        self.reclaim_rng = random.Random(seed * 7919 + 3)  # its own stream: the other draws stay as they were
+        self.p_reclaimable = self.reclaim_rng.choice([0.0, 0.5, 0.9])
+        self.released: set[tuple[str, int, int]] = set()  # this step's (consumer, bookmark, epoch) given back
+        self.reclaimed = 0  # deliveries given back unstarted (reclaiming at work)
+        self.reclaim_checks = 0  # steps where an idle subscriber was checked not to starve beside unstarted work
         self.fair = any(q.tenant_header for q in self.options.queues)
         self.journal = MemoryJournal()
         self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
@@ -198,7 +207,10 @@ class Simulator:
             self.subscribe()
         if rng.random() < o.p_publish:
             self.publish(rng.randint(1, 8))
+        self.released = set()
         for w in list(self.workers.values()):
+            if w.reclaimable:
+                self.start_and_answer(w, faults)
             self.work(w, faults)
             if w.pull and rng.random() < 0.5:
                 w.destructive = rng.random() < 0.2
@@ -231,8 +243,14 @@ class Simulator:
                     m = self.journal.get_message(seq)
                     if m is None or not check(m.headers, m.payload, m.topic):
                         raise InvariantError(f"{d.sub_id} with filter {w.filter!r} got non-matching {seq}: {m}")
-            if not (w.pull and w.destructive):
+            if w.reclaimable:
+                w.untaken.extend((s, n) for s, n in zip(d.seqs, d.deliveries) if n)
+            elif not (w.pull and w.destructive):
                 w.held.extend((s, n) for s, n in zip(d.seqs, d.deliveries) if n)  # 0: a barrier, nothing to settle
+        by_sub = self.workers_by_sub()
+        for r in out.revokes:
+            by_sub[r.sub_id].revokes.append((r.seqs, r.epochs))
+        self.check_reclaimed(out)
         self.oracle.check(self.engine)
         self.check_delays()
         self.check_explain()
@@ -245,6 +263,50 @@ class Simulator:
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
+
+    def check_reclaimed(self, out: Output) -> None:
+        """Reclaiming: the engine takes back exactly what a holder gave back unstarted (so
+        no started work is ever taken back, and a given-back delivery is never the
+        holder's to settle: ``start_and_answer`` checks its settle is refused); and an
+        idle subscriber never waits beside a reclaimable holder's unstarted work while
+        nothing is asked back: after each drain, with a subscription holding nothing and
+        no revoke unanswered, no reclaimable holder has two or more unstarted deliveries
+        that it could take (ungrouped, taken back fewer than the maximum, and matching
+        its filter)."""
+        for rec in out.records:
+            if type(rec) is R.Event and rec.kind == R.RECLAIMED:
+                for seq, d in zip(rec.bookmarks, rec.deliveries):
+                    if (rec.consumer, seq, d) not in self.released:
+                        raise InvariantError(f"{rec.queue}: {seq} (delivery {d}) taken back from {rec.consumer}, "
+                                             "which did not give it back")
+                self.reclaimed += len(rec.bookmarks)
+        revoking = {r.sub_id for r in out.revokes}
+        for q in self.engine.queues.values():
+            if not q.reclaimers or any(s.revoking for s in q.subs) or any(s.sub_id in revoking for s in q.subs):
+                continue
+            by_sub = self.workers_by_sub()
+            hungry = [by_sub[s.sub_id] for s in q.subs if s.used == 0 and s.backlog > 0 and s.sub_id in by_sub]
+            if not hungry:
+                continue
+            self.reclaim_checks += 1
+            checks = [compile_filter(w.filter) if w.filter else None for w in hungry]
+            for s in q.subs:
+                w = by_sub.get(s.sub_id)
+                if w is None or not w.reclaimable:
+                    continue
+                open_ = []
+                for seq, epoch in w.untaken:
+                    lease = q.lease_of.get(seq)
+                    if lease is None or lease.sub is not s or q.deliveries_of(seq) != epoch or q.meta[seq] >> 32:
+                        continue
+                    if q.reclaims.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
+                        continue
+                    m = self.journal.get_message(seq)
+                    if any(c is None or (m is not None and c(m.headers, m.payload, m.topic)) for c in checks):
+                        open_.append(seq)
+                if len(open_) >= 2:
+                    raise InvariantError(f"{q.name}: {[w.sub_id for w in hungry]} idle while {w.sub_id} holds "
+                                         f"{len(open_)} unstarted deliveries it could take ({open_[:5]}); none asked back")
 
     def check_delays(self) -> None:
         """Retry times are honoured within a tick: nothing still waits for a time that has
@@ -346,8 +408,12 @@ class Simulator:
         if filtered and self.rng.random() < self.options.p_pull:
             self.workers[name] = Worker(name, sub_id, queue, filter=flt, pull=True)
             return
-        self.engine.subscribe(sub_id, queue, name, self.rng.choice([1, 2, 3, 8]), self.now_ms, filter=flt)
-        self.workers[name] = Worker(name, sub_id, queue, filter=flt)
+        s = self.engine.queues[queue].settings
+        reclaimable = (s.semantics == "at-least-once" and not s.browse_only
+                       and self.reclaim_rng.random() < self.p_reclaimable)
+        self.engine.subscribe(sub_id, queue, name, self.rng.choice([1, 2, 3, 8]), self.now_ms, filter=flt,
+                              reclaimable=reclaimable)
+        self.workers[name] = Worker(name, sub_id, queue, filter=flt, reclaimable=reclaimable)
 
     def publish(self, count: int) -> None:
         tenant = self.tenant_rng.choice(TENANTS)  # a burst of one tenant's ("": no header)
@@ -426,6 +492,34 @@ class Simulator:
         if not stale <= set(results.get("lost", [])):
             raise InvariantError(f"{w.sub_id} {op}: stale deliveries {sorted(stale)} not reported lost: {results}")
         self.stale_settles += len(stale)
+
+    def start_and_answer(self, w: Worker, faults: bool) -> None:
+        """A reclaimable worker starts some of what it was delivered (all, once faults
+        stop) and answers its revokes (a slow one leaves some unanswered a while):
+        what it has not started goes back; the rest it keeps."""
+        rng = self.reclaim_rng
+        if w.untaken:
+            k = len(w.untaken) if not faults else rng.randint(0, len(w.untaken))
+            w.held.extend(w.untaken[:k])  # in delivery order, as a client's inbox hands them out
+            del w.untaken[:k]
+        if not w.revokes or (faults and rng.random() < 0.2):
+            return
+        untaken = set(w.untaken)
+        for seqs, epochs in w.revokes:
+            back = [(s, e) for s, e in zip(seqs, epochs) if (s, e) in untaken]
+            kept = [(s, e) for s, e in zip(seqs, epochs) if (s, e) not in untaken]
+            untaken -= set(back)
+            self.engine.release_revoked(w.sub_id, [s for s, _ in back], [e for _, e in back], [s for s, _ in kept],
+                                        [e for _, e in kept], self.now_ms)
+            self.released.update((w.name, s, e) for s, e in back)
+            q = self.engine.queues[w.queue]
+            if back and rng.random() < 0.3 and not q.settings.allow_ack_unleased:
+                results = self.engine.settle("ack", w.sub_id, [s for s, _ in back], [e for _, e in back], self.now_ms)
+                if sum(len(v) for v in results.values()) != len(back):
+                    raise InvariantError(f"{w.sub_id}: an ack of deliveries it gave back applied: {back} {results}")
+                self.stale_settles += len(back)
+        w.revokes = []
+        w.untaken = [p for p in w.untaken if p in untaken]
 
     def kill_worker(self, name: str) -> None:
         w = self.workers.pop(name)

@@ -147,7 +147,10 @@ class FrameMaker:
                      f(self.headers()), self.pick([None, "id-1", "id-2", "", "i" * 5000])] for _ in range(count)]
             return ["pub", req, f(s(TOPICS)), f(msgs)]
         if m == 2:
-            return ["sub", req, f(s(SUB_IDS)), f(s(NAMES)), f(self.pick([1, 16, 0, -1, n()])), f(self.pick(FILTERS))]
+            cmd = ["sub", req, f(s(SUB_IDS)), f(s(NAMES)), f(self.pick([1, 16, 0, -1, n()])), f(self.pick(FILTERS))]
+            if self.rng.random() < 0.5:  # reclaimable: its unstarted deliveries may be revoked
+                cmd.append(f(self.pick([True, False])))
+            return cmd
         if m == 3:
             return ["unsub", req, f(s(SUB_IDS))]
         if m in (4, 5, 6):
@@ -155,6 +158,10 @@ class FrameMaker:
             return [tag, f(s(SUB_IDS)), f([n() if self.rng.random() < 0.3 else self.rng.randint(0, 200)
                                            for _ in range(self.pick([1, 5, 0, 300]))])]
         if m == 7:
+            if self.rng.random() < 0.5:  # an answer to a revoke nobody sent, or to one that was sent
+                marks = [self.rng.randint(0, 200) if self.rng.random() < 0.7 else n() for _ in range(self.pick([1, 4, 0]))]
+                epochs = [self.pick([1, 2, 0, n()]) for _ in range(self.pick([len(marks), len(marks), 1]))]
+                return ["release", f(s(SUB_IDS)), f(marks), f(epochs), f(marks[:1]), f(epochs[:1])]
             return ["extend", f(s(SUB_IDS)), f([self.rng.randint(0, 200), n()]), f(n())]
         if m == 8:
             return self.pick([["hb"], ["bye"], ["stats", req], ["queues", req]])

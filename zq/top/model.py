@@ -37,6 +37,7 @@ class ConsumerRow:
     ack_rate: float
     mean_ms: float | None
     heard_ms_ago: int | None
+    given_back: int | None = None  # reclaimable: deliveries it gave back unstarted (None: not reclaimable)
 
 
 @dataclass
@@ -178,7 +179,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
             consumers.append(ConsumerRow(
                 name=c.get("name") or c["consumer"], queue=name, used=c["used"], backlog=c["backlog"],
                 ack_rate=rate(c["acked"], b and b["acked"], dt), mean_ms=busy / acked if acked > 0 else None,
-                heard_ms_ago=c.get("heard_ms_ago"),
+                heard_ms_ago=c.get("heard_ms_ago"), given_back=c.get("given_back") if c.get("reclaimable") else None,
             ))
         if "group_summary" in q and q["group_summary"]["count"]:
             gs = q["group_summary"]

@@ -74,11 +74,12 @@ def queues_table(m: TopModel) -> Table:
 def consumers_table(m: TopModel) -> Table:
     t = Table(title="consumers", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col, just in (("worker", "left"), ("queue", "left"), ("backlog", "left"), ("acks/s", "right"),
-                      ("mean processing", "right"), ("last heard", "right")):
+                      ("mean processing", "right"), ("last heard", "right"), ("given back", "right")):
         t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for c in m.consumers:
         t.add_row(c.name, c.queue, f"{bar(c.used, c.backlog)} {c.used}/{c.backlog}", f"{c.ack_rate:,.0f}",
-                  human_ms(c.mean_ms), human_ms(c.heard_ms_ago) + " ago" if c.heard_ms_ago is not None else "-")
+                  human_ms(c.mean_ms), human_ms(c.heard_ms_ago) + " ago" if c.heard_ms_ago is not None else "-",
+                  f"{c.given_back:,}" if c.given_back is not None else "-")
     return t
 
 

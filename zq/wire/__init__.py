@@ -49,6 +49,7 @@ class Subscribe(_Cmd, tag="sub"):
     queue: str
     max_backlog: int = 1
     filter: str | None = None
+    reclaimable: bool = False  # deliveries not yet started may be asked back (REVOKE) for an idle consumer
 
 
 class Unsubscribe(_Cmd, tag="unsub"):
@@ -85,6 +86,18 @@ class Extend(_Cmd, tag="extend"):
     ms: int
     epochs: list[int] = []
     req: int = 0
+
+
+class Release(_Cmd, tag="release"):
+    """The answer to a REVOKE: ``bookmarks`` (delivered with ``epochs``) were not started
+    and go back to the queue, no delivery counted; ``kept`` (with ``kept_epochs``) were
+    started, or are not known to this client."""
+
+    sub: str
+    bookmarks: list[int]
+    epochs: list[int] = []
+    kept: list[int] = []
+    kept_epochs: list[int] = []
 
 
 class Heartbeat(_Cmd, tag="hb"):
@@ -171,7 +184,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim | Replay | Admin | Range | Bounds
+    | QueryCmd | Claim | Replay | Admin | Range | Bounds | Release
 )
 
 
@@ -236,6 +249,15 @@ class Records(_Cmd, tag="records"):
     sizes: bytes = b""
 
 
+class Revoke(_Cmd, tag="revoke"):
+    """A reclaimable subscription is asked for these deliveries back, if it has not
+    started them: another consumer is idle. Answered with RELEASE."""
+
+    sub: str
+    bookmarks: list[int]
+    epochs: list[int]
+
+
 class Refused(_Cmd, tag="refused"):
     """Bookmarks of an ack / cancel / expire / extend that were not applied."""
 
@@ -256,7 +278,8 @@ class Error(_Cmd, tag="error"):
     message: str
 
 
-ServerCommand = Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End | Records
+ServerCommand = (Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End | Records
+                 | Revoke)
 
 
 client_decoder = msgspec.msgpack.Decoder(ClientCommand)
