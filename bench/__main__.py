@@ -10,7 +10,8 @@ costs per message), claims (a claim's round trip, a long poll's wake-up), kinds 
 ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors
 (raw pyzmq latency on this machine, paced as the latency scenario), build (the compiled
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
-against this tree's, interleaved: what a change cost). Results go to
+against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
+one with prefetch, plain and reclaimable, interleaved). Results go to
 bench/runs/ (not tracked); ``--record`` writes them to bench/results/, the tracked
 figures the docs cite, on purpose.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs")
+             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -101,6 +102,10 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
         from bench import access
 
         return access.claim_latency(200 if quick else 5_000)
+    if scenario == "reclaim":
+        from bench import reclaim
+
+        return reclaim.compare(1, 12, 300, 5) if quick else reclaim.compare(3, 32, 1000, 10)
     if scenario == "engine-vs":
         from bench import build
 

@@ -24,7 +24,7 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     key = next((k for k in ("e2e_msgs_per_s", "msgs_per_s", "heap_bytes_per_message", "seconds_to_serving",
-                            "ns_per_message", "claims_per_s", "rows_per_s")
+                            "ns_per_message", "claims_per_s", "rows_per_s", "short_wait_p99_ms")
                 if any(k in r for r in rows)), None)
     if key is None and scenario in ("latency", "floors"):
         return plot_latency(rows, meta, out)

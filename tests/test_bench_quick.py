@@ -10,7 +10,7 @@ from bench.__main__ import main
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
                                       "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
-                                      "build", "engine-vs"])
+                                      "build", "engine-vs", "reclaim"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys, monkeypatch):
     if scenario == "engine-vs":
         monkeypatch.setenv("ZQ_PURE", "1")  # HEAD's copy installs interpreted: no minute of mypyc in the suite
@@ -42,6 +42,8 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             assert "server_cpu_us_per_msg" in row, row  # the dispatcher's (or peer server's) CPU per message
         if scenario == "build" and "speedup" in row:
             assert row["speedup"] > 0, row
+        if scenario == "reclaim" and row["case"] == "reclaimable":
+            assert row["given_back"] > 0, row  # the idle worker took what the stuck one had not started
         if scenario == "engine-vs" and "ratio" in row:
             assert row["ratio"] > 0 and row["this_tree_msgs_per_s"] > 0, row
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]

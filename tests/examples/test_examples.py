@@ -22,6 +22,7 @@ CASES = [
     ("priority_queue.py", [], "highest first, oldest first within a priority"),
     ("fair_tenants.py", ["--flood", "60"], "shared by weight (2 : 1 : 1), not by who came first"),
     ("claims_long_poll.py", [], "claimed 5 in one request"),
+    ("reclaim_prefetch.py", ["--jobs", "12", "--long", "0.6"], "short jobs no longer wait for the long one: True"),
     ("asyncio_pubsub.py", ["--messages", "120"], "consumed 120 of 120, in publish order: True"),
     ("dead_letters.py", [], "redrove 1; second pass: 1 paid, 0 failed"),
     ("consume_exec.sh", [], "processed 12 images with 4 shell workers"),

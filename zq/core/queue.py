@@ -1562,8 +1562,9 @@ class Queue:
                 kept_epochs: list[int]) -> list[int]:
         """The holder's answer to a revoke: ``seqs`` (delivered with ``epochs``) it had
         not started come back to their places, no delivery counted; ``kept`` (delivered
-        with ``kept_epochs``) it had started. Only deliveries that were asked back and are still live are taken, so a
-        client cannot use this to hand back work uncounted. Returns those taken back.
+        with ``kept_epochs``) it had started. Only deliveries that were asked back and
+        are still live are taken, so a client cannot use this to hand back work
+        uncounted. Returns those taken back.
         Their credit is withheld from the holder until this step's dispatch has offered
         them to the others (``end_hold``): else the holder could simply take them again."""
         lease_of, meta = self.lease_of, self.meta
