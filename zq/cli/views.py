@@ -145,6 +145,7 @@ def explain_text(doc: dict) -> str:
              f"msg_id {doc['msg_id']}" if doc.get("msg_id") else None,
              f"group {doc['group']}" if doc.get("group") else None,
              f"{doc['deliveries']} deliveries" if doc.get("deliveries") else None,
+             f"{doc['reclaimed']} given back unstarted, not counted" if doc.get("reclaimed") else None,
              f"{doc['cancels']} cancels" if doc.get("cancels") else None]
     head = f"{doc['queue']} {doc['bookmark']}: {doc['state']}"
     known = [f for f in facts if f]
