@@ -28,6 +28,16 @@ def revoked(h: Harness) -> dict[str, tuple[list[int], list[int]]]:
     return {r.sub_id: (r.seqs, r.epochs) for r in h.revokes}
 
 
+def holder_then_hungry(h: Harness, held: int, hungry_backlog: int) -> list[int]:
+    """Reclaimable "a" takes ``held`` messages, then "b" subscribes with nothing to take."""
+    reclaimable(h, "a", held)
+    seqs = h.pub("jobs", held)
+    h.drain()
+    h.sub("b", "jobs", hungry_backlog)
+    h.drain()
+    return seqs
+
+
 def give_back(h: Harness, sub_id: str, kept: tuple[int, ...] = ()) -> dict[str, list[int]]:
     """The holder answers its revoke: everything not in ``kept`` was not started."""
     seqs, epochs = revoked(h)[sub_id]
@@ -62,11 +72,7 @@ def test_given_back_work_goes_to_the_others_first_even_when_the_holder_would_be_
     """``fast`` fairness picks the first subscription with credit: without the hold the
     holder would take its messages straight back."""
     h = Harness(queue(fairness="fast"))
-    reclaimable(h, "a", 4)
-    seqs = h.pub("jobs", 4)
-    h.drain()
-    h.sub("b", "jobs", 2)
-    h.drain()
+    seqs = holder_then_hungry(h, 4, 2)
     assert revoked(h) == {"a": ([seqs[3], seqs[2]], [1, 1])}
     assert give_back(h, "a") == {"b": [seqs[2], seqs[3]]}
     q = h.engine.queues["jobs"]
@@ -75,21 +81,13 @@ def test_given_back_work_goes_to_the_others_first_even_when_the_holder_would_be_
 
 def test_only_as_much_as_the_hungry_can_take_is_asked_back():
     h = Harness(queue())
-    reclaimable(h, "a", 8)
-    seqs = h.pub("jobs", 8)
-    h.drain()
-    h.sub("b", "jobs", 1)
-    h.drain()
+    seqs = holder_then_hungry(h, 8, 1)
     assert revoked(h) == {"a": ([seqs[7]], [1])}
 
 
 def test_started_work_is_kept_and_not_asked_for_again():
     h = Harness(queue())
-    reclaimable(h, "a", 8)
-    seqs = h.pub("jobs", 8)
-    h.drain()
-    h.sub("b", "jobs", 8)
-    h.drain()
+    seqs = holder_then_hungry(h, 8, 8)
     asked, epochs = revoked(h)["a"]
     h.engine.release_revoked("a", [], [], asked, epochs, h.now)  # all started
     assert h.drain() == {}
@@ -150,11 +148,7 @@ def test_a_release_takes_back_only_what_was_asked_for_and_is_still_that_delivery
 
 def test_a_late_settle_of_a_given_back_delivery_is_lost():
     h = Harness(queue())
-    reclaimable(h, "a", 4)
-    seqs = h.pub("jobs", 4)
-    h.drain()
-    h.sub("b", "jobs", 1)
-    h.drain()
+    seqs = holder_then_hungry(h, 4, 1)
     assert give_back(h, "a") == {"b": [seqs[3]]}  # delivery 2
     assert h.engine.settle("ack", "a", [seqs[3]], [1], h.now) == {"lost": [seqs[3]]}  # at b now
     h.engine.unsubscribe("b", h.now)
@@ -260,11 +254,7 @@ def test_reclaimable_needs_an_at_least_once_queue_that_leases(kind):
 
 def test_a_holder_that_leaves_with_a_revoke_unanswered_returns_everything_as_before():
     h = Harness(queue())
-    reclaimable(h, "a", 8)
-    seqs = h.pub("jobs", 8)
-    h.drain()
-    h.sub("b", "jobs", 4)
-    h.drain()
+    seqs = holder_then_hungry(h, 8, 4)
     assert h.revokes
     h.engine.disconnect("a", h.now)
     got = h.drain()
@@ -274,11 +264,7 @@ def test_a_holder_that_leaves_with_a_revoke_unanswered_returns_everything_as_bef
 
 def test_explain_says_a_delivery_was_asked_back():
     h = Harness(queue())
-    reclaimable(h, "a", 4)
-    seqs = h.pub("jobs", 4)
-    h.drain()
-    h.sub("b", "jobs", 4)
-    h.drain()
+    seqs = holder_then_hungry(h, 4, 4)
     doc = explain(h.engine, "jobs", seqs[3], h.now, "jobs", {})
     assert any("asked back" in w for w in doc["why"])
     assert not any("asked back" in w for w in explain(h.engine, "jobs", seqs[0], h.now, "jobs", {})["why"])
