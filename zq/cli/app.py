@@ -127,6 +127,54 @@ def serve(
     typer.echo("zq stopped cleanly", err=True)
 
 
+@app.command()
+def standby(
+    leader: str = typer.Argument(..., help="the dispatcher to copy, e.g. tcp://10.0.0.5:7780"),
+    data: str = typer.Option(..., "--data", "-d", help="this standby's journal directory"),
+    batch: int = typer.Option(65_536, "--batch", help="records asked for per request (1..65,536)"),
+    status_every: float = typer.Option(10.0, "--status-every", help="seconds between status lines on stderr"),
+) -> None:
+    """Keep a copy of a dispatcher's journal, pulled as it grows, until SIGTERM or Ctrl-C.
+
+    Promote it by hand: stop it, then `zq serve --data DIR` on its directory. CurveZMQ
+    keys come from $ZQ_KEY / $ZQ_SERVER_KEY, as for any client."""
+    import time as time_mod
+
+    from zq.keys import client_curve
+    from zq.server.standby import Standby
+
+    from zq.client.session import check_endpoint
+
+    if not 1 <= batch <= 65_536:
+        raise fail("--batch must be 1..65,536", RET_USAGE)
+    try:
+        check_endpoint(leader)
+    except ValueError as exc:
+        raise fail(str(exc), RET_USAGE) from None
+    try:
+        follower = Standby(endpoint_of(leader), data, curve=client_curve(), batch=batch)
+    except ZqError as exc:
+        raise fail(str(exc)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: follower.stop())
+    typer.echo(f"zq standby of {leader}: journal {data}, from bookmark {follower.state.position}", err=True)
+
+    def report() -> None:
+        while not follower.stopping.wait(status_every):
+            st = follower.state
+            typer.echo(f"zq standby: at {st.position} of {st.leader_next} (lag {st.lag_records} records), "
+                       f"{st.records} copied{'; ' + st.error if st.error else ''}", err=True)
+
+    threading.Thread(target=report, daemon=True).start()
+    started = time_mod.monotonic()
+    try:
+        follower.run()
+    except ZqError as exc:
+        raise fail(f"zq standby: {exc}") from None
+    typer.echo(f"zq standby stopped at {follower.state.position} ({follower.state.records} records copied in "
+               f"{time_mod.monotonic() - started:.1f}s)", err=True)
+
+
 def parse_headers(header: list[str] | None) -> dict[str, str]:
     out = {}
     for h in header or []:

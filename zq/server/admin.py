@@ -179,6 +179,26 @@ def history(journal: LmdbJournal, queue: str, seq: int, keep: int) -> tuple[list
     return found[-keep:] if keep else [], True
 
 
+class TablesArgs(Args):
+    pass
+
+
+def journal_tables(server: AdminHost, peer: Peer, a: TablesArgs, now: int) -> dict:
+    """What a standby mirrors besides the records (``zq.server.standby``): the run-time
+    queue declarations as stored, the recovery points, and the first bookmark the
+    journal still holds (below it, retention deleted everything). Committed state only."""
+    j = server.journal
+    with j.env.begin() as txn:
+        declared = [bytes(v) for _, v in txn.cursor(db=j.queues)]
+        first = 0
+        for db in (j.msgs, j.events):
+            with txn.cursor(db=db) as cur:
+                if cur.first():
+                    seq = int.from_bytes(cur.key(), "big")
+                    first = seq if not first else min(first, seq)
+    return {"declared": declared, "recovery_points": j.recovery_points(), "first_seq": first}
+
+
 OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "replace": (ReplaceArgs, replace),
     "ack-filter": (AckFilterArgs, ack_filter),
@@ -189,6 +209,7 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "queue-create": (QueueSection, queue_create),
     "queue-delete": (QueueDeleteArgs, queue_delete),
     "explain": (ExplainArgs, explain),
+    "journal-tables": (TablesArgs, journal_tables),
 }
 
 

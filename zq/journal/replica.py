@@ -1,0 +1,106 @@
+"""A standby's copy of a dispatcher's journal, written record for record.
+
+Why bytes, not records
+----------------------
+A standby keeps its own LMDB journal identical to the leader's, so that `zq serve` on
+it recovers exactly what the leader would have: the same bookmarks, the same events,
+the same run-time queues and recovery points, the same message-id index. So the
+standby stores the records' bytes as the leader stored them (dead letters already
+resolved, nothing re-encoded), in bookmark order, and mirrors the two small tables
+that are not keyed by bookmark (run-time queue declarations, recovery points) and
+what the leader's retention deleted. One write transaction per batch, synced before it
+counts: a standby never claims a position its disk does not hold.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+from zq.core import records as R
+from zq.core.errors import JournalError
+from zq.journal.base import declared_name
+from zq.journal.lmdb_journal import LmdbJournal, id_key, key, unkey
+from zq.journal.ranges import record_seq
+
+_ID = struct.Struct(">QQ")
+POSITION_KEY = b"replica:next"  # meta: every record below this bookmark is here (or was trimmed by the leader)
+TRIM_MAX = 100_000  # records deleted per batch at most (bounded work, as the leader's retention)
+
+
+def position(journal: LmdbJournal) -> int:
+    """Where this standby's copy goes on from (0: nothing copied yet)."""
+    with journal.env.begin(db=journal.meta) as txn:
+        raw = txn.get(POSITION_KEY)
+    return unkey(raw) if raw is not None else 0
+
+
+def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto: int,
+          declared: list[bytes] | None = None, recovery_points: dict[str, int] | None = None,
+          leader_first: int = 0) -> None:
+    """Store one batch of the leader's records (``messages`` and ``events``: stored
+    bytes, in bookmark order, all below ``upto``) and move the position to ``upto``;
+    with ``declared`` (encoded ``QueueDeclared`` records), make the run-time queues the
+    leader's; with ``recovery_points``, the leader's (never past ``upto``); with
+    ``leader_first``, delete what the leader's retention deleted below it. Then sync."""
+    try:
+        with journal.env.begin(write=True) as txn:
+            ids = journal.ids
+            for db, rows in ((journal.msgs, messages), (journal.events, events)):
+                if not rows:
+                    continue
+                pairs = [(key(record_seq(raw)), raw) for raw in rows]
+                with txn.cursor(db=db) as cur:
+                    _, added = cur.putmulti(pairs, append=True, overwrite=False)
+                if added != len(pairs):
+                    raise JournalError("a record the leader sent is already in this standby's journal "
+                                       "(two standbys writing one directory?)")
+                if db is journal.msgs and ids is not None:
+                    for raw in rows:
+                        m = R.message_decoder.decode(raw)
+                        if m.msg_id is not None and m.copy_of is None:
+                            txn.put(id_key(m.topic, m.msg_id), _ID.pack(m.seq, m.ts_ms), db=ids, overwrite=False)
+            if declared is not None:
+                wanted = {}
+                for raw in declared:
+                    rec = R.record_decoder.decode(raw)
+                    if type(rec) is not R.QueueDeclared:
+                        raise JournalError(f"not a queue declaration: {rec!r}")
+                    wanted[declared_name(rec).encode()] = raw
+                with txn.cursor(db=journal.queues) as cur:
+                    stale = [k for k in cur.iternext(values=False) if k not in wanted]
+                for k in stale:
+                    txn.delete(k, db=journal.queues)
+                for k, raw in wanted.items():
+                    txn.put(k, raw, db=journal.queues)
+            if recovery_points is not None:
+                for name, seq in recovery_points.items():
+                    txn.put(b"rp:" + name.encode(), key(min(seq, upto)), db=journal.meta)
+            if leader_first:
+                trim_below(journal, txn, leader_first)
+            txn.put(POSITION_KEY, key(upto), db=journal.meta)
+        journal.env.sync(True)
+    except msgspec.DecodeError as exc:
+        raise JournalError(f"the leader sent a record this standby cannot read: {exc}") from None
+    finally:
+        journal.release_reader()
+
+
+def trim_below(journal: LmdbJournal, txn, below: int) -> int:  # type: ignore[no-untyped-def]
+    """Delete records below ``below`` (the leader's retention deleted them)."""
+    deleted = 0
+    stop = key(below)
+    for db in (journal.msgs, journal.events):
+        with txn.cursor(db=db) as cur:
+            while deleted < TRIM_MAX and cur.first() and cur.key() < stop:
+                if db is journal.msgs and journal.ids is not None:
+                    m = R.message_decoder.decode(cur.value())
+                    if m.msg_id is not None:
+                        k = id_key(m.topic, m.msg_id)
+                        raw = txn.get(k, db=journal.ids)
+                        if raw is not None and _ID.unpack(raw)[0] == m.seq:
+                            txn.delete(k, db=journal.ids)
+                cur.delete()
+                deleted += 1
+    return deleted

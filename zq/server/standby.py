@@ -1,0 +1,208 @@
+"""A standby: a second machine's copy of a dispatcher's journal, kept by pulling.
+
+Theory of operation
+-------------------
+The standby is a client of the leader (a DEALER, one request at a time) and the only
+writer of its own LMDB journal. Each round it asks BOUNDS (every record below
+``next_seq`` is committed on the leader), then RANGE for the messages and the events
+from its position (the leader's reader thread answers: the dispatch loop only forwards
+the frames, so a standby catching up does not stall deliveries), then the small
+tables (ADMIN ``journal-tables``: run-time queues, recovery points, where retention
+has deleted up to), and stores the batch with ``zq.journal.replica.apply``: the
+records' own bytes, one transaction, synced. Messages and events share one bookmark
+sequence; a batch covers a window of bookmarks both answers cover entirely, so the
+position only ever moves past records the standby holds.
+
+A standby is promoted by hand: stop it, start ``zq serve`` on its directory (it
+recovers as the leader would have, from the same records). What is not replicated
+yet, plainly: anything the leader committed after the standby's last round (the lag,
+in stats), and a standby whose position the leader's retention has passed cannot go on
+(it stops and says so: start it again from a copy of the leader's journal).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from zq import wire
+from zq.core.errors import JournalError, ZqError
+from zq.journal import replica
+from zq.journal.lmdb_journal import LmdbJournal
+from zq.keys import apply_client_curve
+from zq.wire.records import array_header_size
+
+log = logging.getLogger("zq.standby")
+
+REQUEST_TIMEOUT_S = 30.0  # a leader that answers nothing in this long is treated as gone
+IDLE_POLL_S = 0.05  # caught up: how often to ask again
+
+
+class StandbyError(ZqError):
+    code = "standby"
+
+
+@dataclass
+class StandbyState:
+    position: int = 0  # every leader record below this is here
+    leader_next: int = 0  # the leader's committed end, last seen
+    records: int = 0  # records copied since start
+    rounds: int = 0
+    caught_up_at: float = 0.0  # monotonic time the standby last held everything the leader had committed
+    connected: bool = False
+    error: str = ""
+
+    @property
+    def lag_records(self) -> int:
+        return max(0, self.leader_next - self.position)
+
+
+class Standby:
+    """Follow the dispatcher at ``endpoint`` into the journal at ``data``."""
+
+    def __init__(self, endpoint: str, data: str, *, curve: tuple[bytes, bytes, bytes] | None = None,
+                 batch: int = 65_536, context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.journal = LmdbJournal(data, durability="fsync")
+        self.curve = curve
+        self.batch = batch
+        self.ctx = context or zmq.Context.instance()
+        self.sock: zmq.Socket | None = None
+        self.req = 0
+        self.stopping = threading.Event()
+        self.state = StandbyState(position=replica.position(self.journal))
+
+    # ------------------------------------------------------------- running
+
+    def run(self, rounds: int | None = None) -> None:
+        """Copy until ``stop()`` (or ``rounds`` rounds). A lost leader is retried with
+        backoff; a standby the leader's retention has left behind raises."""
+        backoff = 0.1
+        done = 0
+        try:
+            while not self.stopping.is_set() and (rounds is None or done < rounds):
+                try:
+                    copied = self.round()
+                    backoff = 0.1
+                except (TimeoutError, zmq.ZMQError) as exc:
+                    self.state.connected, self.state.error = False, f"leader at {self.endpoint}: {exc}"
+                    log.warning("standby: %s; retrying", self.state.error)
+                    self.reset()
+                    self.stopping.wait(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                done += 1
+                if not copied:
+                    self.stopping.wait(IDLE_POLL_S)
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def round(self) -> int:
+        """One round: bounds, ranges, tables, store. Returns the records copied."""
+        st = self.state
+        end = self.request(lambda req: wire.Bounds(req))["next_seq"]
+        st.leader_next = end
+        st.connected, st.error = True, ""
+        start = st.position
+        if start >= end:
+            st.caught_up_at = time.monotonic()
+            return 0
+        msgs, m_next, m_done = self.fetch("messages", start, end)
+        events, e_next, e_done = self.fetch("events", start, end)
+        upto = min(end if m_done else m_next, end if e_done else e_next)
+        msgs = [raw for raw in msgs if replica.record_seq(raw) < upto]
+        events = [raw for raw in events if replica.record_seq(raw) < upto]
+        tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))  # after the ranges: see below
+        first = tables["first_seq"]
+        if start and first > start:
+            # The leader's retention has deleted below ``first``: fine if it did so after
+            # the ranges were read (every bookmark in [start, first) came: they are dense),
+            # fatal if before (this standby never got them).
+            gap = min(first, upto)
+            have = sum(1 for raw in msgs if replica.record_seq(raw) < gap) + \
+                sum(1 for raw in events if replica.record_seq(raw) < gap)
+            if have != gap - start:
+                raise StandbyError(f"the leader's retention deleted records this standby had not copied (it is at "
+                                   f"{start}, the leader keeps {first} on): it cannot catch up; start it again "
+                                   "from a copy of the leader's journal")
+        replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"], first)
+        st.position = upto
+        st.records += len(msgs) + len(events)
+        st.rounds += 1
+        if upto >= end:
+            st.caught_up_at = time.monotonic()
+        return len(msgs) + len(events)
+
+    def fetch(self, kind: str, start: int, end: int) -> tuple[list[bytes], int, bool]:
+        rec = self.request(lambda req: wire.Range(req, kind, start, end, None, self.batch))
+        n = len(rec.sizes) // 4
+        sizes = memoryview(rec.sizes).cast("I")
+        at = array_header_size(n)
+        blob = rec.blob
+        out = []
+        for size in sizes:
+            out.append(bytes(blob[at : at + size]))
+            at += size
+        return out, rec.next, rec.done
+
+    # ------------------------------------------------------------ the wire
+
+    def connect(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        apply_client_curve(sock, self.curve)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "zq standby")))
+        self.sock = sock
+        self.expect(lambda m: type(m) is wire.Welcome)
+        return sock
+
+    def request(self, make):  # type: ignore[no-untyped-def]
+        sock = self.sock or self.connect()
+        self.req += 1
+        req = self.req
+        sock.send(wire.encode(make(req)))
+        msg = self.expect(lambda m: getattr(m, "req", None) == req)
+        if type(msg) is wire.Error:
+            if msg.code in wire.SESSION_ENDING:
+                self.reset()
+                raise TimeoutError(f"session ended ({msg.message})")
+            raise StandbyError(f"the leader refused: {msg.code}: {msg.message}")
+        return msg.data if type(msg) is wire.Reply else msg
+
+    def expect(self, wanted):  # type: ignore[no-untyped-def]
+        assert self.sock is not None
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(min(left, 1.0) * 1000)):
+                if left <= 0 or self.stopping.is_set():
+                    raise TimeoutError("no answer")
+                continue
+            try:
+                msg = wire.server_decoder.decode(self.sock.recv())
+            except msgspec.MsgspecError as exc:
+                raise StandbyError(f"an undecodable frame from the leader: {exc}") from None
+            if wanted(msg) or (type(msg) is wire.Error and msg.code in wire.SESSION_ENDING):
+                return msg
+            # heartbeats and anything else: the session is alive
+
+    def reset(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def close(self) -> None:
+        self.reset()
+        try:
+            self.journal.close()
+        except JournalError as exc:
+            log.error("standby journal close: %s", exc)
