@@ -11,7 +11,8 @@ ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), 
 (raw pyzmq latency on this machine, paced as the latency scenario), build (the compiled
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
 against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
-one with prefetch, plain and reclaimable, interleaved). Results go to
+one with prefetch, plain and reclaimable, interleaved), replication (the standard
+workload with replicas_ack = 1 and a `zq standby` against 0, interleaved). Results go to
 bench/runs/ (not tracked); ``--record`` writes them to bench/results/, the tracked
 figures the docs cite, on purpose.
 """
@@ -29,7 +30,8 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim")
+             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim",
+             "replication")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -124,6 +126,15 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
             zq_row = e2e.throughput(n, durability="batch")
             rows += [raw, {**zq_row, "scenario": "ceiling", "system": "zq (batch)",
                            "of_ceiling": round(zq_row["e2e_msgs_per_s"] / raw["e2e_msgs_per_s"], 3)}]
+        return rows
+    if scenario == "replication":
+        n = 5_000 if quick else 100_000
+        rows = []
+        for _ in range(1 if quick else 3):  # interleaved: machine noise hits both alike
+            plain = e2e.throughput(n, durability="batch")
+            replicated = e2e.throughput(n, durability="batch", replicas_ack=1)
+            replicated["of_unreplicated"] = round(replicated["e2e_msgs_per_s"] / plain["e2e_msgs_per_s"], 3)
+            rows += [plain, replicated]
         return rows
     if scenario == "throughput":
         n = 5_000 if quick else 100_000

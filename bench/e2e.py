@@ -57,13 +57,22 @@ class Fleet:
     """A `zq serve` and N worker processes; workers report on SIGTERM."""
 
     def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker",
-                 group_policy: str = "sequenced") -> None:
+                 group_policy: str = "sequenced", replicas_ack: int = 0) -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        extra = []
+        if replicas_ack:  # confirmations wait for that many standbys (each a `zq standby` process)
+            Path(self.tmp, "zq.toml").write_text(f"[cluster]\nreplicas_ack = {replicas_ack}\n")
+            extra = ["--config", f"{self.tmp}/zq.toml"]
         self.server = subprocess.Popen(
             [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
-             "--durability", durability], env=child_env(), stderr=subprocess.DEVNULL,
+             "--durability", durability, *extra], env=child_env(), stderr=subprocess.DEVNULL,
         )
+        self.standbys = [
+            subprocess.Popen([sys.executable, "-m", "zq.cli", "standby", self.endpoint, "--data",
+                              f"{self.tmp}/standby{i}"], env=child_env(), stderr=subprocess.DEVNULL)
+            for i in range(replicas_ack)
+        ]
         from zq.client import Client
 
         with Client(self.endpoint, connect_timeout=30) as c:
@@ -107,6 +116,12 @@ class Fleet:
         for w in self.workers:
             if w.poll() is None:
                 w.kill()
+        for s in self.standbys:
+            s.terminate()
+            try:
+                s.wait(30)
+            except subprocess.TimeoutExpired:
+                s.kill()
         self.server.send_signal(signal.SIGTERM)
         try:
             self.server.wait(30)
@@ -126,8 +141,8 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
 
 
 def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
-               consumer: str = "worker", group_policy: str = "sequenced") -> dict:
-    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy)
+               consumer: str = "worker", group_policy: str = "sequenced", replicas_ack: int = 0) -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack)
     try:
         cpu_before = cpu_seconds(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
@@ -142,7 +157,7 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     return {
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
         "publish": mode, "groups": groups, "group_policy": group_policy if groups else None,
-        "consumer": CONSUMERS[consumer],
+        "consumer": CONSUMERS[consumer], "replicas_ack": replicas_ack,
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         **server_cpu(n, cpu),
         "worker_shares": [r["count"] for r in reports],

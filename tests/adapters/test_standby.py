@@ -161,3 +161,97 @@ def test_bad_standby_arguments_are_usage_errors(tmp_path):
         done = subprocess.run([sys.executable, "-m", "zq.cli", "standby", *args, "--data", str(tmp_path / "x")],
                               env=env(), capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_with_replicas_ack_a_confirmation_waits_for_a_standby_and_none_is_lost(tmp_path):
+    """[cluster] replicas_ack = 1: a publish is confirmed only once a standby has it on
+    its disk. With no standby, nothing is confirmed; with one, every confirmed message
+    is on the standby when the leader is SIGKILLed mid-stream (no waiting for it to
+    catch up), so the promoted copy has every one."""
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text('[cluster]\nreplicas_ack = 1\n')
+    (tmp_path / "a").mkdir()
+    leader = ServerProcess(tmp_path / "a", config=cfg).start()
+    standby_dir = tmp_path / "b" / "journal"
+    follower = None
+    try:
+        with zq.connect(leader.endpoint) as c:
+            first = c.publish_async("jobs", b"waits for a standby")
+            with pytest.raises(TimeoutError):
+                first.result(timeout=1.0)
+            assert c.stats()["server"]["replication"]["held_confirmations"] == 1
+            follower = start_standby(leader.endpoint, standby_dir)
+            confirmed = [first.result(timeout=30)]
+            standbys = c.stats()["server"]["replication"]["standbys"]
+            assert len(standbys) == 1 and standbys[0]["name"] == "zq standby"
+            for i in range(30):
+                confirmed += c.publish_many("jobs", [b"m%d" % i] * 50, timeout=30)
+        leader.kill()  # at once: whatever was confirmed must be on the standby
+        assert "Traceback" not in stop(follower)
+        promoted = ServerProcess(tmp_path / "b").start()
+        try:
+            with zq.connect(promoted.endpoint) as c:
+                with c.subscribe("jobs", max_backlog=500) as s:
+                    got = set()
+                    while len(got) < len(confirmed):
+                        m = s.get(10)
+                        assert m is not None, f"{len(set(confirmed) - got)} confirmed messages missing"
+                        got.add(m.bookmark)
+                        m.ack()
+                assert got >= set(confirmed)
+        finally:
+            assert "Traceback" not in promoted.terminate()
+    finally:
+        if follower is not None and follower.poll() is None:
+            stop(follower)
+        if leader.proc is not None and leader.proc.poll() is None:
+            leader.terminate()
+
+
+def test_replicas_ack_is_checked_in_the_config(tmp_path):
+    from zq.core.errors import ConfigError
+    from zq.server.config import Config
+
+    for bad in ("-1", "17", '"one"'):
+        with pytest.raises(ConfigError, match="replicas_ack"):
+            Config.from_dict({"cluster": {"replicas_ack": __import__("tomllib").loads(f"v = {bad}")["v"]}})
+    with pytest.raises(ConfigError, match="cluster"):
+        Config.from_dict({"cluster": {"nope": 1}})
+    assert Config.from_dict({"cluster": {"replicas_ack": 2}}).replicas_ack == 2
+
+
+def test_hostile_bounds_from_a_would_be_standby_get_clear_answers(tmp_path):
+    import msgspec
+
+    from zq import wire
+
+    from .support import raw_dealer
+
+    server = ServerProcess(tmp_path).start()
+    raw = raw_dealer(server.endpoint)
+    try:
+        raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "raw")))
+
+        def answer(frame: bytes):  # type: ignore[no-untyped-def]
+            raw.send(frame)
+            while True:
+                msg = wire.server_decoder.decode(raw.recv())
+                if type(msg) in (wire.Reply, wire.Error):
+                    return msg
+
+        for fields in ([None, -1, -1, -1], [None, -1, 60_001, -1], [None, -2, 0, -1], [None, -1, 0, -2],
+                       [None, -(2**63), 0, 5], [None, -1, 2**63, 5]):
+            got = answer(msgspec.msgpack.encode(["bounds", 7, *fields]))
+            assert type(got) is wire.Error and got.code == "protocol", (fields, got)
+        got = answer(msgspec.msgpack.encode(["bounds", 8, None, -1, 0, "far"]))
+        assert type(got) is wire.Error and got.code == "protocol"
+        got = answer(wire.encode(wire.Bounds(9, None, 10**9, 200, 2**64 - 1)))  # waits 200 ms: nothing passes 10**9
+        assert type(got) is wire.Reply and got.data["next_seq"] < 10**9
+        with zq.connect(server.endpoint) as c:  # a position reported: it shows as a standby, and all goes on
+            standbys = c.stats()["server"]["replication"]["standbys"]
+            # (no further than the journal goes: a peer cannot claim records that were never written)
+            assert [(s["name"], s["position"]) for s in standbys] == [("raw", got.data["next_seq"])]
+            assert c.publish("jobs", b"still serving") > 0
+    finally:
+        raw.close(0)
+        assert "Traceback" not in server.terminate()

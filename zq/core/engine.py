@@ -104,6 +104,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.rp_written: dict[str, int] = {}
         self.rp_due_ms = 0
         self.published = 0
+        # Records of the journal's small tables (queue declarations and deletions, recovery
+        # points) made so far: a standby copies the tables again when this moved.
+        self.tables_changes = 0
         for settings in queues:
             self.add_queue(settings.validate(), declare=False)
 
@@ -120,6 +123,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.route_cache.clear()
         if declare:
             self.records.append(R.QueueDeclared(msgspec.json.encode(settings), self.now_ms))
+            self.tables_changes += 1
         return q
 
     def queue(self, name: str) -> Queue:
@@ -894,6 +898,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if self.rp_written.get(q.name) != rp:
                 self.rp_written[q.name] = rp
                 self.records.append(R.RecoveryPoint(q.name, rp, self.now_ms))
+                self.tables_changes += 1
         self.prune_time_index(lowest)
 
     def prune_time_index(self, lowest_seq: int) -> None:

@@ -58,6 +58,7 @@ class ManagementMixin:
     records: list[Any]
     now_ms: int
     expr_limits: expr.ExprLimits
+    tables_changes: int
 
     # ------------------------------------------------------- subscriptions
 
@@ -299,4 +300,5 @@ class ManagementMixin:
         self.route_cache.clear()  # type: ignore[attr-defined]
         self.rp_written.pop(name, None)  # type: ignore[attr-defined]
         self.records.append(R.QueueDeleted(name, now_ms))
+        self.tables_changes += 1
         return held

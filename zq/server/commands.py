@@ -42,6 +42,7 @@ log = logging.getLogger("zq.server")
 SERVER_NAME = "zq/0.1.0"
 INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
+BOUNDS_WAIT_MAX_MS = 60_000  # longest a standby's BOUNDS may wait for the journal to grow
 PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
 
 # Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
@@ -82,6 +83,8 @@ class Commands:
     ranges: RangeReader
     claims: dict[str, tuple[bytes, int, int]]
     flow_held: list[tuple[bytes, bytes, list[str]]]
+    repl_held: list[tuple[bytes, bytes, int]]
+    bounds_waiting: list[tuple[bytes, int, int, int, int]]
     bulk_actions: collections.deque[BulkAction]
     journal_down: str | None
     internal_errors: int
@@ -150,6 +153,9 @@ class Commands:
         full = self.engine.withheld(cmd.topic)
         if full:  # flow-control: the confirmation waits until those queues drain
             self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
+            return
+        if self.config.replicas_ack:  # replicated: it waits for the standbys too (Server.confirm)
+            self.repl_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), max(bookmarks, default=0) + 1))
             return
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
 
@@ -279,8 +285,27 @@ class Commands:
         self.reply(peer_id, wire.Reply(cmd.req, self.engine.query(cmd.queue, cmd.group_by, cmd.aggregates, cmd.filter)))
 
     def on_bounds(self, peer_id: bytes, peer: Peer, cmd: wire.Bounds, now: int) -> None:
+        """A standby's BOUNDS also says where its synced copy is (``position``: what
+        replicated confirmations wait for) and may wait for the journal to pass ``after``."""
+        if not 0 <= cmd.wait_ms <= BOUNDS_WAIT_MAX_MS:
+            raise ProtocolError(f"a bounds wait must be 0..{BOUNDS_WAIT_MAX_MS} ms")
+        if not -1 <= cmd.position < 1 << 64 or not -1 <= cmd.after < 1 << 64:
+            raise ProtocolError("position and after are bookmarks (or -1)")
+        if cmd.position >= 0:
+            if self.security is not None:  # a standby's word releases confirmations: only one entitled to copy
+                if peer.rights is None:
+                    raise NotEntitledError("no entitlements for this connection")
+                check_rights(peer.rights, "admin", "journal-tables")
+            # Never past what exists: a peer cannot claim records that were not written.
+            peer.replica_position = max(peer.replica_position, min(cmd.position, self.engine.next_seq))
+        if cmd.wait_ms and cmd.at_ms is None and self.engine.next_seq <= cmd.after:
+            if len(self.bounds_waiting) >= self.config.max_connections:
+                raise LimitError("too many waiting bounds requests")
+            self.bounds_waiting.append((peer_id, cmd.req, cmd.after, now + cmd.wait_ms, self.engine.tables_changes))
+            return
         seq_at = self.journal.seq_at_time(cmd.at_ms) if cmd.at_ms is not None else None
-        self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at}))
+        self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at,
+                                                 "tables": self.engine.tables_changes}))
 
     def on_range(self, peer_id: bytes, peer: Peer, cmd: wire.Range, now: int) -> None:
         self.ranges.forward(peer_id, cmd)  # the reader thread answers (zq.server.ranges)

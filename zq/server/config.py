@@ -22,6 +22,7 @@ from zq.core.settings import QueueSettings
 from zq.server.security import SecuritySection, check_section
 
 DEFAULT_DATA = "./zq-data"
+REPLICAS_ACK_MAX = 16  # standbys a confirmation may wait for
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -140,8 +141,13 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority_aging: int = 0  # with priority: one level is worth this many messages of waiting (0: strict)
 
 
+class ClusterSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    replicas_ack: int = 0  # a publish is confirmed once this many standbys have it synced (0: the leader's commit)
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
+    cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
     queue: list[QueueSection] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None
 
@@ -167,6 +173,7 @@ class Config(msgspec.Struct, kw_only=True):
     expr_limits: ExprLimits = DEFAULT_LIMITS  # for expressions clients send
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None  # CurveZMQ (zq.server.security); None: plaintext, loopback advised
+    replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys (zq.server.standby)
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
@@ -217,7 +224,10 @@ class Config(msgspec.Struct, kw_only=True):
             expr_limits=ExprLimits(s.max_filter_chars, s.max_filter_depth, s.max_filter_in_items),
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
             security=check_section(fc.security, base) if fc.security is not None else None,
+            replicas_ack=fc.cluster.replicas_ack,
         )
+        if not 0 <= cfg.replicas_ack <= REPLICAS_ACK_MAX:
+            raise ConfigError(f"{source}: cluster.replicas_ack must be 0..{REPLICAS_ACK_MAX}, got {cfg.replicas_ack}")
         names = [q.name for q in cfg.queues]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

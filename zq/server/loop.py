@@ -131,6 +131,12 @@ class Server(Commands, Stats):
         self.journal_failures = 0
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
         self.flow_held: list[tuple[bytes, bytes, list[str]]] = []  # confirmations waiting on full queues
+        # Replicated confirmations ([cluster] replicas_ack): CONFIRM frames waiting until that
+        # many standbys have synced past their last bookmark; and standbys' BOUNDS waiting
+        # for the journal to grow (peer, req, after, due ms).
+        self.repl_held: list[tuple[bytes, bytes, int]] = []
+        self.repl_upto = 0
+        self.bounds_waiting: list[tuple[bytes, int, int, int, int]] = []  # ... and the tables' version then
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers, requests_max=config.max_range_requests)
@@ -217,6 +223,8 @@ class Server(Commands, Stats):
             deadline = min(deadline, d)
         for _, _, due in self.claims.values():
             deadline = min(deadline, due)
+        for _, _, _, due, _ in self.bounds_waiting:
+            deadline = min(deadline, due)
         if self.journal_down is not None:
             deadline = min(deadline, self.journal_retry_ms)
         elif self.replayer.busy() or self.bulk_actions:
@@ -273,6 +281,10 @@ class Server(Commands, Stats):
         t5 = clock()
         if self.claims:
             self.end_due_claims(now)
+        if self.bounds_waiting:
+            self.answer_bounds(now)
+        if self.repl_held:
+            self.release_replicated()
         if self.journal_down is None:
             self.replayer.pump(self.send)
         t6 = clock()
@@ -341,6 +353,10 @@ class Server(Commands, Stats):
             self.stage(self.engine.drain(now))
             if self.journal_down is None or now >= self.journal_retry_ms:
                 self.commit_and_send(now)
+            if self.bounds_waiting:  # a standby waiting for this commit (its answer goes by the outbox)
+                self.answer_bounds(now)
+            if self.repl_held:
+                self.release_replicated()
         finally:
             self.stepping_locally = False
 
@@ -494,8 +510,54 @@ class Server(Commands, Stats):
             if any(n in queues and queues[n].blocked for n in names):
                 still.append((peer_id, frame, names))
             else:
-                self.send(peer_id, frame)
+                self.confirm(peer_id, frame)
         self.flow_held = still
+
+    # -------------------------------------------------- replicated confirmations
+
+    def confirm(self, peer_id: bytes, frame: bytes) -> None:
+        """Send a committed publish's CONFIRM, or with ``replicas_ack`` hold it until that
+        many standbys have it on their disks (``release_replicated``)."""
+        if not self.config.replicas_ack:
+            self.send(peer_id, frame)
+            return
+        bookmarks = wire.server_decoder.decode(frame).bookmarks  # type: ignore[union-attr]
+        self.repl_held.append((peer_id, frame, max(bookmarks, default=0) + 1))
+
+    def replicated_upto(self) -> int:
+        """Every record below this is synced on ``replicas_ack`` standbys (0: too few)."""
+        k = self.config.replicas_ack
+        positions = sorted((p.replica_position for p in self.peers.values() if p.replica_position >= 0), reverse=True)
+        return positions[k - 1] if len(positions) >= k else 0
+
+    def release_replicated(self) -> None:
+        upto = self.replicated_upto()
+        if upto <= self.repl_upto and upto:
+            return
+        self.repl_upto = upto
+        still = []
+        for peer_id, frame, needs in self.repl_held:
+            if needs <= upto:
+                self.send(peer_id, frame)
+            else:
+                still.append((peer_id, frame, needs))
+        self.repl_held = still
+
+    def answer_bounds(self, now: int) -> None:
+        """Standbys waiting for the journal to grow: answer those it passed (committed by
+        now), or whose tables changed, or whose wait is over."""
+        end = self.engine.next_seq
+        committed = self.journal_down is None
+        tables = self.engine.tables_changes
+        still = []
+        for peer_id, req, after, due, seen in self.bounds_waiting:
+            if (committed and (end > after or tables != seen)) or due <= now:
+                self.send(peer_id, wire.encode(wire.Reply(req, {"next_seq": end if committed else after,
+                                                                  "seq_at": None,
+                                                                  "tables": self.engine.tables_changes})))
+            else:
+                still.append((peer_id, req, after, due, seen))
+        self.bounds_waiting = still
 
     def queue_covers(self, name: str):  # type: ignore[no-untyped-def]
         """A queue's topic matcher for the reader thread: built from the queue's settings

@@ -20,6 +20,7 @@ class Peer:
     subs: set[str] = field(default_factory=set)  # client sub ids
     published: int = 0
     rights: Rights | None = None  # with security on: what this client's key may do
+    replica_position: int = -1  # a standby: every record below this is synced on its disk (-1: not a standby)
 
     @property
     def consumer(self) -> str:

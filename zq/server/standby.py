@@ -40,7 +40,7 @@ from zq.wire.records import array_header_size
 log = logging.getLogger("zq.standby")
 
 REQUEST_TIMEOUT_S = 30.0  # a leader that answers nothing in this long is treated as gone
-IDLE_POLL_S = 0.05  # caught up: how often to ask again
+BOUNDS_WAIT_MS = 1000  # caught up: how long the leader may hold a BOUNDS before answering that nothing came
 
 
 class StandbyError(ZqError):
@@ -75,6 +75,7 @@ class Standby:
         self.sock: zmq.Socket | None = None
         self.req = 0
         self.stopping = threading.Event()
+        self.tables_seen = -1  # the leader's count of table changes at the last copy of its tables
         self.state = StandbyState(position=replica.position(self.journal))
 
     # ------------------------------------------------------------- running
@@ -87,7 +88,7 @@ class Standby:
         try:
             while not self.stopping.is_set() and (rounds is None or done < rounds):
                 try:
-                    copied = self.round()
+                    self.round()
                     backoff = 0.1
                 except (TimeoutError, zmq.ZMQError) as exc:
                     self.state.connected, self.state.error = False, f"leader at {self.endpoint}: {exc}"
@@ -97,8 +98,6 @@ class Standby:
                     backoff = min(backoff * 2, 2.0)
                     continue
                 done += 1
-                if not copied:
-                    self.stopping.wait(IDLE_POLL_S)
         finally:
             self.close()
 
@@ -108,32 +107,45 @@ class Standby:
     def round(self) -> int:
         """One round: bounds, ranges, tables, store. Returns the records copied."""
         st = self.state
-        end = self.request(lambda req: wire.Bounds(req))["next_seq"]
+        # Where this copy is (synced: what replicated confirmations wait for), and a wait
+        # of up to a second for the leader's journal to pass it: caught up, the answer
+        # comes as soon as the leader commits more.
+        pos = st.position
+        bounds = self.request(lambda req: wire.Bounds(req, None, pos, BOUNDS_WAIT_MS, pos))
+        end, tables_version = bounds["next_seq"], bounds.get("tables", -1)
         st.leader_next = end
         st.connected, st.error = True, ""
         start = st.position
         if start >= end:
             st.caught_up_at = time.monotonic()
+            if tables_version != self.tables_seen:  # no new records, but a queue declared or deleted
+                tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
+                replica.apply(self.journal, [], [], start, tables["declared"], tables["recovery_points"],
+                              tables["first_seq"])
+                self.tables_seen = tables_version
             return 0
-        msgs, m_next, m_done = self.fetch("messages", start, end)
-        events, e_next, e_done = self.fetch("events", start, end)
+        # Both kinds at once (two requests in flight): the reader thread answers in turn.
+        (msgs, m_next, m_done), (events, e_next, e_done) = self.fetch(start, end)
         upto = min(end if m_done else m_next, end if e_done else e_next)
         msgs = [raw for raw in msgs if replica.record_seq(raw) < upto]
         events = [raw for raw in events if replica.record_seq(raw) < upto]
-        tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))  # after the ranges: see below
-        first = tables["first_seq"]
-        if start and first > start:
-            # The leader's retention has deleted below ``first``: fine if it did so after
-            # the ranges were read (every bookmark in [start, first) came: they are dense),
-            # fatal if before (this standby never got them).
-            gap = min(first, upto)
-            have = sum(1 for raw in msgs if replica.record_seq(raw) < gap) + \
-                sum(1 for raw in events if replica.record_seq(raw) < gap)
-            if have != gap - start:
-                raise StandbyError(f"the leader's retention deleted records this standby had not copied (it is at "
-                                   f"{start}, the leader keeps {first} on): it cannot catch up; start it again "
-                                   "from a copy of the leader's journal")
-        replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"], first)
+        # Bookmarks are dense (every one is a message or an event), so a window with fewer
+        # records than bookmarks lost some: the leader's retention deleted them before this
+        # standby copied them. (A new standby starts wherever the leader's journal does.)
+        if start and len(msgs) + len(events) != upto - start:
+            raise StandbyError(f"the leader's retention deleted records this standby had not copied (it is at "
+                               f"{start}): it cannot catch up; start it again from a copy of the leader's journal")
+        tables = None
+        if tables_version != self.tables_seen or tables_version < 0:
+            # The small tables changed (a queue declared or deleted, recovery points moved;
+            # a leader that does not say: every round). Read after the ranges: never older.
+            tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
+            self.tables_seen = tables_version
+        if tables is None:
+            replica.apply(self.journal, msgs, events, upto)
+        else:
+            replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"],
+                          tables["first_seq"])
         st.position = upto
         st.records += len(msgs) + len(events)
         st.rounds += 1
@@ -141,17 +153,20 @@ class Standby:
             st.caught_up_at = time.monotonic()
         return len(msgs) + len(events)
 
-    def fetch(self, kind: str, start: int, end: int) -> tuple[list[bytes], int, bool]:
-        rec = self.request(lambda req: wire.Range(req, kind, start, end, None, self.batch))
-        n = len(rec.sizes) // 4
-        sizes = memoryview(rec.sizes).cast("I")
-        at = array_header_size(n)
-        blob = rec.blob
+    def fetch(self, start: int, end: int) -> list[tuple[list[bytes], int, bool]]:
+        """The stored messages and events in [start, end), as far as one answer each goes."""
         out = []
-        for size in sizes:
-            out.append(bytes(blob[at : at + size]))
-            at += size
-        return out, rec.next, rec.done
+        for rec in self.request_all([lambda req, k=kind: wire.Range(req, k, start, end, None, self.batch)
+                                     for kind in ("messages", "events")]):
+            sizes = memoryview(rec.sizes).cast("I")
+            at = array_header_size(len(sizes))
+            blob = rec.blob
+            raws = []
+            for size in sizes:
+                raws.append(bytes(blob[at : at + size]))
+                at += size
+            out.append((raws, rec.next, rec.done))
+        return out
 
     # ------------------------------------------------------------ the wire
 
@@ -166,17 +181,26 @@ class Standby:
         return sock
 
     def request(self, make):  # type: ignore[no-untyped-def]
+        return self.request_all([make])[0]
+
+    def request_all(self, makes: list) -> list:  # type: ignore[type-arg]
+        """Send every request, then collect their answers (in the order asked)."""
         sock = self.sock or self.connect()
-        self.req += 1
-        req = self.req
-        sock.send(wire.encode(make(req)))
-        msg = self.expect(lambda m: getattr(m, "req", None) == req)
-        if type(msg) is wire.Error:
-            if msg.code in wire.SESSION_ENDING:
-                self.reset()
-                raise TimeoutError(f"session ended ({msg.message})")
-            raise StandbyError(f"the leader refused: {msg.code}: {msg.message}")
-        return msg.data if type(msg) is wire.Reply else msg
+        reqs = []
+        for make in makes:
+            self.req += 1
+            reqs.append(self.req)
+            sock.send(wire.encode(make(self.req)))
+        got: dict[int, object] = {}
+        while len(got) < len(reqs):
+            msg = self.expect(lambda m: getattr(m, "req", None) in reqs)
+            if type(msg) is wire.Error:
+                if msg.code in wire.SESSION_ENDING:
+                    self.reset()
+                    raise TimeoutError(f"session ended ({msg.message})")
+                raise StandbyError(f"the leader refused: {msg.code}: {msg.message}")
+            got[msg.req] = msg.data if type(msg) is wire.Reply else msg  # type: ignore[attr-defined]
+        return [got[r] for r in reqs]
 
     def expect(self, wanted):  # type: ignore[no-untyped-def]
         assert self.sock is not None

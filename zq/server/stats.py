@@ -39,6 +39,7 @@ class Stats:
     journal_down_since: int
     journal_failures: int
     endpoints: list[str]
+    repl_held: list[tuple[bytes, bytes, int]]
 
     def totals(self) -> tuple[int, int, int]:
         qs = self.engine.queues.values()
@@ -90,5 +91,12 @@ class Stats:
                         "failures": self.journal_failures},
             "endpoints": self.endpoints,
             "rates": self.rates(now),
+            "replication": {
+                "replicas_ack": self.config.replicas_ack, "held_confirmations": len(self.repl_held),
+                "standbys": [{"name": p.name, "position": p.replica_position,
+                              "lag_records": max(0, self.engine.next_seq - p.replica_position),
+                              "heard_ms_ago": now - p.last_heard_ms}
+                             for p in self.peers.values() if p.replica_position >= 0],
+            },
         }
         return st

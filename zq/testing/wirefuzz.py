@@ -177,8 +177,9 @@ class FrameMaker:
         if m == 12:
             return ["range", req, f(self.pick(["messages", "events", "x"])), f(self.pick([0, n()])),
                     f(self.pick([None, n()])), f(self.pick([None] + NAMES)), f(self.pick([1, 65_536, n()]))]
-        if m == 13:
-            return ["bounds", req, f(self.pick([None, n()]))]
+        if m == 13:  # (a standby's: its position, and a wait for the journal to pass ``after``)
+            return ["bounds", req, f(self.pick([None, n()])), f(self.pick([-1, 0, n()])), f(self.pick([0, 50, -1, n()])),
+                    f(self.pick([-1, 0, 5, n()]))]
         if m == 14:
             return ["query", req, f(s(NAMES)), f(self.pick([[], ["group"], ["/a/b"], ["x" * 5000], ["1e999"]])),
                     f(self.pick([[], ["count()"], ["sum(/n)"], ["avg(1e999)"], ["max(x ~ '(a+)+$')"], ["nope("]])),

@@ -168,10 +168,15 @@ class Range(_Cmd, tag="range"):
 
 class Bounds(_Cmd, tag="bounds"):
     """REPLY {next_seq, seq_at}: every record below ``next_seq`` is committed (the
-    journal's end now); ``seq_at`` is the first message at or after ``at_ms``."""
+    journal's end now); ``seq_at`` is the first message at or after ``at_ms``.
+    A standby also says where its synced copy is (``position``: every record below it is
+    on its disk) and may wait up to ``wait_ms`` for the journal to pass ``after``."""
 
     req: int
     at_ms: int | None = None
+    after: int = -1
+    wait_ms: int = 0
+    position: int = -1
 
 
 class QueryCmd(_Cmd, tag="query"):
