@@ -127,6 +127,29 @@ def test_retention_deletes_only_old_records_below_the_recovery_point(tmp_path):
     assert [m.seq for m in j.read_messages(0)] == young[5:]
 
 
+def test_a_journal_emptied_by_retention_does_not_number_from_one_again(tmp_path):
+    """Found while building standbys: when retention deleted every record, a restart
+    numbered from 1 again, so old bookmarks (in clients' hands, in a standby's
+    position) named new messages. The journal keeps the floor."""
+    j = LmdbJournal(str(tmp_path))
+    h = Harness(QueueSettings(name="jobs"))
+    seqs = h.pub("jobs", 5)
+    h.sub("s", "jobs", 10)
+    h.commit_to(j)
+    h.engine.ack("s", seqs, h.now)
+    h.commit_to(j)
+    end = j.next_seq()
+    assert j.trim(end, older_than_ms=1 << 62) == end - 1  # everything
+    assert j.counts() == {"messages": 0, "events": 0}
+    assert j.next_seq() == end
+    j.close()
+    j = LmdbJournal(str(tmp_path))
+    try:
+        assert j.next_seq() == end  # after a restart too
+    finally:
+        j.close()
+
+
 def test_a_long_scan_reads_in_chunks_without_losing_records(tmp_path):
     j = LmdbJournal(str(tmp_path))
     h = Harness()

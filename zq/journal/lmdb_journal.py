@@ -38,6 +38,7 @@ _KEY = struct.Struct(">Q")
 DURABILITY_MODES = ("fsync", "batch", "none")
 MAP_SIZE_DEFAULT = 1 << 40  # 1 TiB: sparse, costs nothing without writemap
 TRIM_BATCH_MAX = 100_000  # records deleted per commit at most (bounded work per loop)
+NEXT_FLOOR_KEY = b"seq:floor"  # meta: bookmarks below this were given out (retention may have deleted them)
 
 
 _ID = struct.Struct(">QQ")
@@ -379,13 +380,17 @@ class LmdbJournal:
         return out
 
     def next_seq(self) -> int:
+        """The next bookmark: after every record stored, and after every record retention
+        deleted (a journal whose every record was deleted does not number from 1 again:
+        old bookmarks would name new messages)."""
         last = 0
         with self.env.begin() as txn:
             for db in (self.msgs, self.events):
                 with txn.cursor(db=db) as cur:
                     if cur.last():
                         last = max(last, unkey(cur.key()))
-        return last + 1
+            floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
+        return max(last + 1, unkey(floor) if floor is not None else 0)
 
     def counts(self) -> dict[str, int]:
         with self.env.begin() as txn:
@@ -407,6 +412,7 @@ class LmdbJournal:
         """
         deleted = 0
         stop = key(below_seq)
+        highest = 0  # the newest bookmark deleted: the journal never numbers below it again
         with self.env.begin(write=True) as txn:
             for db, decode in ((self.msgs, R.message_decoder.decode), (self.events, R.event_decoder.decode)):
                 with txn.cursor(db=db) as cur:
@@ -414,6 +420,7 @@ class LmdbJournal:
                         rec = decode(cur.value())
                         if rec.ts_ms >= older_than_ms:
                             break
+                        highest = max(highest, rec.seq)
                         if db is self.msgs and rec.msg_id is not None and self.ids is not None:
                             k = id_key(rec.topic, rec.msg_id)
                             raw = txn.get(k, db=self.ids)
@@ -421,6 +428,10 @@ class LmdbJournal:
                                 txn.delete(k, db=self.ids)
                         cur.delete()
                         deleted += 1
+            if highest:
+                floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
+                if floor is None or unkey(floor) <= highest:
+                    txn.put(NEXT_FLOOR_KEY, key(highest + 1), db=self.meta)
         if deleted:
             self.unsynced = True
             self.release_reader()

@@ -21,7 +21,7 @@ import msgspec
 from zq.core import records as R
 from zq.core.errors import JournalError
 from zq.journal.base import declared_name
-from zq.journal.lmdb_journal import LmdbJournal, id_key, key, unkey
+from zq.journal.lmdb_journal import NEXT_FLOOR_KEY, LmdbJournal, id_key, key, unkey
 from zq.journal.ranges import record_seq
 
 _ID = struct.Struct(">QQ")
@@ -80,6 +80,7 @@ def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto
             if leader_first:
                 trim_below(journal, txn, leader_first)
             txn.put(POSITION_KEY, key(upto), db=journal.meta)
+            txn.put(NEXT_FLOOR_KEY, key(upto), db=journal.meta)  # promoted, it numbers on from here
         journal.env.sync(True)
     except msgspec.DecodeError as exc:
         raise JournalError(f"the leader sent a record this standby cannot read: {exc}") from None
