@@ -114,3 +114,17 @@ def test_a_fair_queue_shows_the_tenants_holding_most_with_their_weights():
     assert "tenants (fair share)" in text
     assert "acme (12,000, w4), (none) (3, w1)" in text
     assert "tenants (fair share)" not in frame_text(M.build("tcp://x", PREV, CURR, 1000, M.History()))
+
+
+def test_the_header_shows_standbys_and_what_confirmations_wait_for():
+    import copy
+
+    curr = copy.deepcopy(CURR)
+    curr["server"]["replication"] = {"replicas_ack": 1, "held_confirmations": 0, "standbys": [
+        {"name": "zq standby", "position": 990, "lag_records": 10, "heard_ms_ago": 100}]}
+    assert "standbys: zq standby lag 10   confirmations wait for 1" in frame_text(M.build("tcp://x", PREV, curr, 1000,
+                                                                                        M.History()))
+    curr["server"]["replication"]["standbys"] = []
+    assert "standbys: none connected   confirmations wait for 1" in frame_text(M.build("tcp://x", PREV, curr, 1000,
+                                                                                      M.History()))
+    assert "standbys" not in frame_text(M.build("tcp://x", PREV, CURR, 1000, M.History()))

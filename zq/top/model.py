@@ -74,6 +74,8 @@ class TopModel:
     note: str = ""
     oldest_why: str | None = None  # why the top queue's oldest waiting message waits (zq explain)
     tenants: list[TenantRow] = field(default_factory=list)
+    replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys
+    standbys: list[dict] = field(default_factory=list)  # [{name, position, lag_records, heard_ms_ago}]
 
 
 def oldest_to_explain(m: TopModel) -> tuple[str, int] | None:
@@ -194,6 +196,8 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         journal_bytes=srv["journal_bytes"], journal_map_bytes=srv.get("journal_map_bytes", 0), rates=srv.get("rates", {}),
         publishers=srv.get("publishers", 0), workers=srv.get("workers", 0),
         queues=queues, consumers=consumers, groups=groups, sort=sort, tenants=tenants,
+        replicas_ack=srv.get("replication", {}).get("replicas_ack", 0),
+        standbys=srv.get("replication", {}).get("standbys", []),
     )
 
 

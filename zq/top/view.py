@@ -55,7 +55,12 @@ def header(m: TopModel) -> Panel:
         f"publish {r.get('publish', 0):,.0f}/s  deliver {r.get('deliver', 0):,.0f}/s  ack {r.get('ack', 0):,.0f}/s   "
         f"publishers {m.publishers}  workers {m.workers}"
     )
-    return Panel(Group(line1, line2), padding=(0, 1))
+    lines = [line1, line2]
+    if m.standbys or m.replicas_ack:
+        copies = ", ".join(f"{s['name'][:24]} lag {s['lag_records']:,}" for s in m.standbys[:4]) or "none connected"
+        lines.append(Text(f"standbys: {copies}" + (f"   confirmations wait for {m.replicas_ack}" if m.replicas_ack else ""),
+                          style=None if len(m.standbys) >= m.replicas_ack else "bold red"))
+    return Panel(Group(*lines), padding=(0, 1))
 
 
 def queues_table(m: TopModel) -> Table:
