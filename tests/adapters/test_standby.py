@@ -255,3 +255,78 @@ def test_hostile_bounds_from_a_would_be_standby_get_clear_answers(tmp_path):
     finally:
         raw.close(0)
         assert "Traceback" not in server.terminate()
+
+
+def test_clients_with_both_endpoints_follow_the_leader_through_a_promotion(tmp_path):
+    """Clients given "standby,leader" are sent on to the leader by the standby's
+    not-leader answer; when the leader dies and the standby is promoted (by hand), they
+    reconnect there by themselves: the publisher's and the worker's work goes on, every
+    message published either side is processed, and none acked before is delivered again."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    leader = ServerProcess(tmp_path / "a").start()
+    promoted = ServerProcess(tmp_path / "b")  # its endpoint: the standby answers there until promoted
+    follower = start_standby(leader.endpoint, tmp_path / "b" / "journal", "--bind", promoted.endpoint)
+    both = f"{promoted.endpoint},{leader.endpoint}"  # the standby first: the redirect is exercised
+    acked: list[int] = []
+    try:
+        wait_until((tmp_path / "b" / "journal").exists, what="the standby's journal")
+        with zq.Publisher(both, connect_timeout=20) as p, zq.Worker(both, "jobs", max_backlog=8, connect_timeout=20) as w:
+            before = p.publish_many("jobs", [b"before"] * 40)
+            for _ in range(20):
+                m = w.get(10)
+                m.ack()
+                acked.append(m.bookmark)
+            w.heartbeat()  # the acks leave
+            wait_until(lambda: caught_up(leader.endpoint, tmp_path / "b" / "journal"), timeout=60, interval=0.2,
+                       what="the standby caught up")
+            leader.kill()
+            assert "Traceback" not in stop(follower)
+            promoted.start()
+            after = p.publish_many("jobs", [b"after"] * 40, timeout=60)  # reconnects to the promoted copy
+            assert min(after) > max(before)
+            done_before = set(acked)  # acked by the leader, and copied: never again
+            later: list[int] = []
+            while not set(before + after) <= set(acked + later):
+                m = w.get(30)
+                assert m is not None, f"{len(set(before + after) - set(acked + later))} never came after the promotion"
+                m.ack()
+                later.append(m.bookmark)
+            w.heartbeat()
+        assert not done_before & set(later), sorted(done_before & set(later))
+        # At least once: what the worker held when the leader died (its acks went nowhere)
+        # comes again; nothing else twice.
+        twice = [b for b in set(later) if later.count(b) > 1]
+        assert len(twice) <= 8 and set(twice) <= set(before) - done_before, twice
+    finally:
+        if follower.poll() is None:
+            stop(follower)
+        if promoted.proc is not None:
+            assert "Traceback" not in promoted.terminate()
+
+
+def test_zq_connect_is_sent_on_by_a_standby_and_a_bad_hint_is_not_followed(tmp_path):
+    from zq.client.session import Endpoints
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    leader = ServerProcess(tmp_path / "a").start()
+    at_b = f"ipc://{tmp_path}/b/zq.sock"
+    follower = start_standby(leader.endpoint, tmp_path / "b" / "journal", "--bind", at_b)
+    try:
+        wait_until((tmp_path / "b" / "journal").exists, what="the standby's journal")
+        with zq.connect(f"{at_b},{leader.endpoint}", connect_timeout=20) as c:
+            assert c.publish("jobs", b"x") > 0
+            assert c.endpoints.current == leader.endpoint
+    finally:
+        assert "Traceback" not in stop(follower)
+        assert "Traceback" not in leader.terminate()
+    ring = Endpoints("tcp://a:1, tcp://b:2")
+    ring.redirect("this dispatcher is a standby; leader: not an endpoint")  # ignored
+    ring.failed()
+    assert ring.current == "tcp://b:2"
+    ring.redirect("standby; leader: tcp://c:3")
+    ring.failed()  # the redirect is followed once...
+    assert ring.current == "tcp://c:3"
+    ring.failed()  # ... and if the leader it named does not serve, the list goes on
+    assert ring.current == "tcp://b:2"

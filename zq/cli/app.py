@@ -133,6 +133,8 @@ def standby(
     data: str = typer.Option(..., "--data", "-d", help="this standby's journal directory"),
     batch: int = typer.Option(65_536, "--batch", help="records asked for per request (1..65,536)"),
     status_every: float = typer.Option(10.0, "--status-every", help="seconds between status lines on stderr"),
+    bind: Optional[list[str]] = typer.Option(None, "--bind", help="answer clients here that the leader is "
+                                             "LEADER (the endpoint this node serves on once promoted)"),
 ) -> None:
     """Keep a copy of a dispatcher's journal, pulled as it grows, until SIGTERM or Ctrl-C.
 
@@ -141,7 +143,7 @@ def standby(
     import time as time_mod
 
     from zq.keys import client_curve
-    from zq.server.standby import Standby
+    from zq.server.standby import NotLeader, Standby
 
     from zq.client.session import check_endpoint
 
@@ -153,6 +155,7 @@ def standby(
         raise fail(str(exc), RET_USAGE) from None
     try:
         follower = Standby(endpoint_of(leader), data, curve=client_curve(), batch=batch)
+        responder = NotLeader(bind, leader) if bind else None
     except ZqError as exc:
         raise fail(str(exc)) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,6 +174,9 @@ def standby(
         follower.run()
     except ZqError as exc:
         raise fail(f"zq standby: {exc}") from None
+    finally:
+        if responder is not None:
+            responder.close()
     typer.echo(f"zq standby stopped at {follower.state.position} ({follower.state.records} records copied in "
                f"{time_mod.monotonic() - started:.1f}s)", err=True)
 

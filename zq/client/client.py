@@ -49,6 +49,7 @@ from zq.client.messages import (
 from zq.client.reclaim import reclaim_mode
 from zq.client.session import (
     ConnectionLost,
+    Endpoints,
     Outgoing,
     bookmark_arg,
     check_endpoint,
@@ -97,6 +98,7 @@ class Client:
         self.generation = 0
         self.closed = False
         check_endpoint(endpoint)
+        self.endpoints = Endpoints(endpoint)  # several: a leader and its standbys, one at a time
         self._reqs = itertools.count(1)
         self._sub_ids = itertools.count(1)
         # Every call's place in one order (requests, settles, sealed publish batches), so
@@ -509,6 +511,7 @@ class Client:
                 sock = None
                 if self.closed or not lost:
                     break
+                self.endpoints.failed()
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 2.0)
         except Exception as exc:  # a bug: every waiting and later call fails at once, naming it
@@ -527,7 +530,7 @@ class Client:
         for sub in list(self._subs.values()):
             if sub.unstarted is not None:
                 sub.unstarted.reset()  # the old session's deliveries are redelivered
-        return open_session_socket(self.ctx, self.endpoint, self.name, self._curve)
+        return open_session_socket(self.ctx, self.endpoints.current, self.name, self._curve)  # type: ignore[arg-type]
 
     def _serve(self, sock: zmq.Socket) -> bool:
         """Run one session; True if the server was lost (reconnect), False on close."""
@@ -617,6 +620,10 @@ class Client:
                     sub.lost += len(msg.bookmarks)
             log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
         elif t is wire.Error:
+            if msg.code == wire.NOT_LEADER:  # a standby: go to the leader it names (or the next endpoint)
+                log.info("%s is not the leader (%s): moving on", self.endpoints.current, msg.message)
+                self.endpoints.redirect(msg.message)
+                return "reset"
             if msg.code in wire.SESSION_ENDING:
                 log.warning("dispatcher ended our session (%s): reconnecting", msg.message)
                 return "reset"

@@ -30,6 +30,7 @@ import zmq
 from zq import wire
 from zq.client.session import (
     ConnectionLost,
+    Endpoints,
     check_target,
     delay_fields,
     error_from,
@@ -61,6 +62,7 @@ class Publisher:
         check_target(endpoint)
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
+        self._endpoints = Endpoints(endpoint)  # several: a leader and its standbys, one at a time
         self.max_message_bytes = limits.MESSAGE_BYTES_MAX  # the dispatcher's, from WELCOME
         where = f"{socket.gethostname()}:{os.getpid()}"
         self.name = f"{where} {name}" if name else where
@@ -129,6 +131,7 @@ class Publisher:
             except _SessionLost:
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(f"publish to {self.endpoint} not confirmed within {timeout}s") from None
+                self._endpoints.failed()
                 self._open_session(max(0.1, deadline - time.monotonic()))  # unconfirmed chunks go again
 
     def _send_and_wait(self, topic: str, chunks: list, results: list, deadline: float,
@@ -150,6 +153,9 @@ class Publisher:
             if t is wire.Confirm and reply.req in inflight:  # type: ignore[attr-defined]
                 results[inflight.pop(reply.req)] = reply.bookmarks  # type: ignore[attr-defined]
             elif t is wire.Error:
+                if reply.code == wire.NOT_LEADER:  # type: ignore[attr-defined]
+                    self._endpoints.redirect(reply.message)  # type: ignore[attr-defined]
+                    raise _SessionLost
                 if reply.code in wire.SESSION_ENDING:  # type: ignore[attr-defined]
                     raise _SessionLost
                 if reply.req in inflight:  # type: ignore[attr-defined]
@@ -176,9 +182,22 @@ class Publisher:
                 return wire.server_decoder.decode(sock.recv())
 
     def _open_session(self, timeout: float) -> None:
+        """A session with a dispatcher that serves: with several endpoints, each gets a
+        few seconds, and a standby's ``not-leader`` sends us to the leader it names."""
+        deadline = time.monotonic() + timeout
+        several = len(self._endpoints.all) > 1
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"no answer from a zq dispatcher at {self.endpoint} within {timeout:.1f}s")
+            if self._try_session(min(left, 3.0) if several else left):
+                return
+            self._endpoints.failed()
+
+    def _try_session(self, timeout: float) -> bool:
         if self._sock is not None:
             self._sock.close(0)
-        sock, self._poller = open_session(self.endpoint, self.ctx, self.name, self._curve)
+        sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1
         self._last_sent = time.monotonic()
@@ -186,13 +205,16 @@ class Publisher:
         while True:
             if not self._poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 if time.monotonic() >= deadline:
-                    raise ConnectionLost(f"no answer from a zq dispatcher at {self.endpoint} within {timeout:.1f}s")
+                    return False
                 continue
             msg = wire.server_decoder.decode(sock.recv())
             if type(msg) is wire.Welcome:
                 self.heartbeat_ms = msg.heartbeat_ms
                 self.max_message_bytes = msg.max_message_bytes
-                return
+                return True
+            if type(msg) is wire.Error and msg.code == wire.NOT_LEADER:
+                self._endpoints.redirect(msg.message)
+                return False
 
 
 class _SessionLost(Exception):

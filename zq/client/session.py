@@ -244,6 +244,38 @@ def delay_fields(delay: object, not_before: object) -> tuple[int, int]:
 _SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")
 
 
+class Endpoints:
+    """Where a client's sessions go: one endpoint, or several (``"tcp://a:7780,tcp://b:7780"``:
+    a leader and its standbys). One at a time (a DEALER connected to several would
+    round-robin between them); a session that fails moves to the next, and a standby's
+    ``not-leader`` answer names the leader, tried next. An embedded dispatcher is one."""
+
+    def __init__(self, target: object) -> None:
+        self.all: list[object] = [p.strip() for p in target.split(",")] if isinstance(target, str) else [target]
+        self.i = 0
+        self.hint: str | None = None
+        self.hint_fresh = False
+
+    @property
+    def current(self) -> object:
+        return self.hint if self.hint is not None else self.all[self.i]
+
+    def redirect(self, message: str) -> None:
+        """A ``not-leader`` answer: the next session goes to the leader it names."""
+        hint = wire.leader_hint(message)
+        if hint is not None:
+            self.hint, self.hint_fresh = hint, True
+
+    def failed(self) -> None:
+        """The current endpoint did not serve (silence, a lost session, a refusal): move on."""
+        if self.hint_fresh:
+            self.hint_fresh = False  # (a redirect just now: go where it said)
+        elif self.hint is not None:
+            self.hint = None
+        else:
+            self.i = (self.i + 1) % len(self.all)
+
+
 def check_endpoint(endpoint: object) -> None:
     """Refuse an endpoint libzmq would choke on, in the caller's thread."""
     if not isinstance(endpoint, str) or not endpoint:

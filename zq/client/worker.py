@@ -48,6 +48,7 @@ from zq.client.session import (
     POLLIN,
     settle_command,
     ConnectionLost,
+    Endpoints,
     check_target,
     error_from,
     open_session,
@@ -92,6 +93,7 @@ class Worker(MessageStream):
         self.unstarted = Unstarted(reclaimable == "explicit") if reclaimable else None
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
+        self._endpoints = Endpoints(endpoint)  # several: a leader and its standbys, one at a time
         self.queue = queue
         self.max_backlog = max_backlog
         self.filter = filter
@@ -258,7 +260,7 @@ class Worker(MessageStream):
     def _open_session(self) -> None:
         if self._sock is not None:
             self._sock.close(0)
-        sock, self._poller = open_session(self.endpoint, self.ctx, self.name, self._curve)
+        sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1
         self._local.clear()  # delivered in a session that is gone: redelivered
@@ -311,10 +313,13 @@ class Worker(MessageStream):
                     log.error("undecodable frame from the dispatcher: %s", exc)
                     continue
                 if self._on_frame(msg) == "reset":
+                    self._endpoints.failed()
                     self._open_session()
                     return
         if time.monotonic() - self._last_heard > hb * self.liveness:
-            log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, time.monotonic() - self._last_heard)
+            log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self._endpoints.current,
+                        time.monotonic() - self._last_heard)
+            self._endpoints.failed()
             self._open_session()
 
     def _on_frame(self, msg: object) -> str | None:
@@ -344,6 +349,9 @@ class Worker(MessageStream):
             self._replies[msg.req] = msg.data  # type: ignore[attr-defined]
         elif t is wire.Error:
             code, text, req = msg.code, msg.message, msg.req  # type: ignore[attr-defined]
+            if code == wire.NOT_LEADER:  # a standby: go to the leader it names (or the next endpoint)
+                self._endpoints.redirect(text)
+                return "reset"
             if code in wire.SESSION_ENDING:
                 log.warning("dispatcher ended our session (%s): reconnecting", text)
                 return "reset"

@@ -62,6 +62,58 @@ class StandbyState:
         return max(0, self.leader_next - self.position)
 
 
+class NotLeader:
+    """A standby's answer to clients on its own endpoint: it does not serve, the leader
+    does (ERROR ``not-leader`` naming it; clients with several endpoints move there).
+    A thread with its own ROUTER socket; heartbeats are not answered."""
+
+    def __init__(self, binds: list[str], leader: str, context: zmq.Context | None = None) -> None:
+        self.ctx = context or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            for b in binds:
+                self.sock.bind(b)
+        except zmq.ZMQError as exc:
+            self.sock.close(0)
+            raise StandbyError(f"cannot bind {binds}: {exc}") from None
+        self.text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{leader}"
+        self.stopping = threading.Event()
+        self.answered = 0
+        self.thread = threading.Thread(target=self.run, name="zq-standby-not-leader", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            if not self.sock.poll(200):
+                continue
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            if len(frames) != 2:
+                continue
+            try:
+                cmd = wire.client_decoder.decode(frames[1])
+            except msgspec.MsgspecError:
+                cmd = None
+            if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
+                continue
+            try:
+                self.sock.send_multipart([frames[0], wire.encode(wire.Error(getattr(cmd, "req", 0) or 0,
+                                                                            wire.NOT_LEADER, self.text))],
+                                         zmq.NOBLOCK)
+                self.answered += 1
+            except zmq.ZMQError:
+                pass  # gone, or not reading: nothing to tell it
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.sock.close(0)
+
+
 class Standby:
     """Follow the dispatcher at ``endpoint`` into the journal at ``data``."""
 

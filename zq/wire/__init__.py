@@ -298,3 +298,14 @@ HEARTBEAT_FRAME = encode(Heartbeat())
 RESET = "reset"  # the server dropped every session (reserved: zq itself no longer sends it, clients still obey it)
 NO_SESSION = "no-session"  # the server does not know this peer (restarted, or no HELLO yet)
 SESSION_ENDING = (RESET, NO_SESSION)
+# A standby's answer to a client: it does not serve; the message ends with "leader: ENDPOINT".
+NOT_LEADER = "not-leader"
+LEADER_HINT = "leader: "
+
+
+def leader_hint(message: str) -> str | None:
+    """The leader's endpoint named by a ``not-leader`` ERROR, if it names one."""
+    if LEADER_HINT not in message:
+        return None
+    hint = message.rpartition(LEADER_HINT)[2].strip()
+    return hint if "://" in hint and "," not in hint and len(hint) <= 1024 else None
