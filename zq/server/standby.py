@@ -2,22 +2,28 @@
 
 Theory of operation
 -------------------
-The standby is a client of the leader (a DEALER, one request at a time) and the only
-writer of its own LMDB journal. Each round it asks BOUNDS (every record below
-``next_seq`` is committed on the leader), then RANGE for the messages and the events
-from its position (the leader's reader thread answers: the dispatch loop only forwards
-the frames, so a standby catching up does not stall deliveries), then the small
-tables (ADMIN ``journal-tables``: run-time queues, recovery points, where retention
-has deleted up to), and stores the batch with ``zq.journal.replica.apply``: the
-records' own bytes, one transaction, synced. Messages and events share one bookmark
-sequence; a batch covers a window of bookmarks both answers cover entirely, so the
-position only ever moves past records the standby holds.
+The standby is a client of the leader (a DEALER) and the only writer of its own LMDB
+journal. Each round it sends BOUNDS with its position (every record below it is synced
+here: what replicated confirmations wait for), which the leader answers as soon as its
+journal passes that position, or its small tables change, or a second passes; then
+RANGE for the messages and the events from the position, both at once (the leader's
+reader thread answers: the dispatch loop only forwards the frames, so a standby
+catching up does not stall deliveries); then, only when they changed, the small tables
+(ADMIN ``journal-tables``: run-time queues, recovery points, where retention has
+deleted up to); and stores the batch with ``zq.journal.replica.apply``: the records'
+own bytes, one transaction, synced. Messages and events share one bookmark sequence,
+dense (each bookmark is one or the other); a batch covers a window of bookmarks both
+answers cover entirely, so the position only ever moves past records the standby holds,
+and a window with fewer records than bookmarks means the leader's retention deleted
+some before they were copied.
 
 A standby is promoted by hand: stop it, start ``zq serve`` on its directory (it
-recovers as the leader would have, from the same records). What is not replicated
-yet, plainly: anything the leader committed after the standby's last round (the lag,
-in stats), and a standby whose position the leader's retention has passed cannot go on
-(it stops and says so: start it again from a copy of the leader's journal).
+recovers as the leader would have, from the same records); ``NotLeader`` meanwhile
+tells clients on its endpoint where the leader is. Plainly, what it does not do: without
+``replicas_ack`` whatever the leader committed after the standby's last round is not
+here (the lag, in stats); a standby whose position the leader's retention has passed
+cannot go on (it stops and says so: start it again from a copy of the leader's journal);
+no election, no fencing of a leader that comes back.
 """
 
 from __future__ import annotations
