@@ -421,11 +421,8 @@ class LmdbJournal:
                         if rec.ts_ms >= older_than_ms:
                             break
                         highest = max(highest, rec.seq)
-                        if db is self.msgs and rec.msg_id is not None and self.ids is not None:
-                            k = id_key(rec.topic, rec.msg_id)
-                            raw = txn.get(k, db=self.ids)
-                            if raw is not None and _ID.unpack(raw)[0] == rec.seq:
-                                txn.delete(k, db=self.ids)
+                        if db is self.msgs:
+                            self.drop_id(txn, rec)  # type: ignore[arg-type]
                         cur.delete()
                         deleted += 1
             if highest:
@@ -436,6 +433,14 @@ class LmdbJournal:
             self.unsynced = True
             self.release_reader()
         return deleted
+
+    def drop_id(self, txn: lmdb.Transaction, m: R.Message) -> None:
+        """A deleted message's id leaves the dedup index (if the index still names it)."""
+        if m.msg_id is not None and self.ids is not None:
+            k = id_key(m.topic, m.msg_id)
+            raw = txn.get(k, db=self.ids)
+            if raw is not None and _ID.unpack(raw)[0] == m.seq:
+                txn.delete(k, db=self.ids)
 
     def reader_check(self) -> int:
         """Free reader slots of dead processes (killed tools pin pages otherwise)."""

@@ -59,7 +59,10 @@ def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto
                 if db is journal.msgs and ids is not None:
                     for raw in rows:
                         m = R.message_decoder.decode(raw)
-                        if m.msg_id is not None and m.copy_of is None:
+                        # Copies (dead letters, moves) are stored resolved, with their
+                        # original's id: the leader never indexed them; they say zq.reason.
+                        # (A redrive copy says nothing, but its original's entry is there first.)
+                        if m.msg_id is not None and m.copy_of is None and "zq.reason" not in m.headers:
                             txn.put(id_key(m.topic, m.msg_id), _ID.pack(m.seq, m.ts_ms), db=ids, overwrite=False)
             if declared is not None:
                 wanted = {}
@@ -95,13 +98,8 @@ def trim_below(journal: LmdbJournal, txn, below: int) -> int:  # type: ignore[no
     for db in (journal.msgs, journal.events):
         with txn.cursor(db=db) as cur:
             while deleted < TRIM_MAX and cur.first() and cur.key() < stop:
-                if db is journal.msgs and journal.ids is not None:
-                    m = R.message_decoder.decode(cur.value())
-                    if m.msg_id is not None:
-                        k = id_key(m.topic, m.msg_id)
-                        raw = txn.get(k, db=journal.ids)
-                        if raw is not None and _ID.unpack(raw)[0] == m.seq:
-                            txn.delete(k, db=journal.ids)
+                if db is journal.msgs:
+                    journal.drop_id(txn, R.message_decoder.decode(cur.value()))
                 cur.delete()
                 deleted += 1
     return deleted
