@@ -186,6 +186,10 @@ def test_with_replicas_ack_a_confirmation_waits_for_a_standby_and_none_is_lost(t
             assert len(standbys) == 1 and standbys[0]["name"] == "zq standby"
             for i in range(30):
                 confirmed += c.publish_many("jobs", [b"m%d" % i] * 50, timeout=30)
+            once = c.publish("jobs", b"with an id", msg_id="order-1", timeout=30)
+            confirmed.append(once)
+            # A duplicate writes nothing, so no standby position moves for it: confirmed anyway.
+            assert c.publish("jobs", b"with an id", msg_id="order-1", timeout=10) == once
         leader.kill()  # at once: whatever was confirmed must be on the standby
         assert "Traceback" not in stop(follower)
         promoted = ServerProcess(tmp_path / "b").start()

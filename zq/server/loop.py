@@ -135,7 +135,6 @@ class Server(Commands, Stats):
         # many standbys have synced past their last bookmark; and standbys' BOUNDS waiting
         # for the journal to grow (peer, req, after, due ms).
         self.repl_held: list[tuple[bytes, bytes, int]] = []
-        self.repl_upto = 0
         self.bounds_waiting: list[tuple[bytes, int, int, int, int]] = []  # ... and the tables' version then
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
@@ -531,10 +530,10 @@ class Server(Commands, Stats):
         return positions[k - 1] if len(positions) >= k else 0
 
     def release_replicated(self) -> None:
+        """Send the held confirmations the standbys have passed. Every held one is looked
+        at each time (they are few: the publishers' windows): one may be held already
+        passed, a duplicate's (its bookmarks are old) or one a full queue held back."""
         upto = self.replicated_upto()
-        if upto <= self.repl_upto and upto:
-            return
-        self.repl_upto = upto
         still = []
         for peer_id, frame, needs in self.repl_held:
             if needs <= upto:
