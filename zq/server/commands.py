@@ -95,6 +95,7 @@ class Commands:
         def drop_peer(self, peer_id: bytes, now: int) -> None: ...
         def note_time(self, what: str, took_ms: float, who: bytes) -> None: ...
         def configured_queue(self, name: str) -> bool: ...
+        def hold_for_replicas(self, peer_id: bytes, frame: bytes, bookmarks: list[int]) -> None: ...
         def stats(self, now: int) -> dict: ...
 
     # ------------------------------------------------------- entitlements
@@ -154,8 +155,8 @@ class Commands:
         if full:  # flow-control: the confirmation waits until those queues drain
             self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
             return
-        if self.config.replicas_ack:  # replicated: it waits for the standbys too (Server.confirm)
-            self.repl_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), max(bookmarks, default=0) + 1))
+        if self.config.replicas_ack:  # replicated: it waits for the standbys too
+            self.hold_for_replicas(peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), bookmarks)
             return
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)
 

@@ -520,7 +520,10 @@ class Server(Commands, Stats):
         if not self.config.replicas_ack:
             self.send(peer_id, frame)
             return
-        bookmarks = wire.server_decoder.decode(frame).bookmarks  # type: ignore[union-attr]
+        self.hold_for_replicas(peer_id, frame, wire.server_decoder.decode(frame).bookmarks)  # type: ignore[union-attr]
+
+    def hold_for_replicas(self, peer_id: bytes, frame: bytes, bookmarks: list[int]) -> None:
+        """Hold a CONFIRM until the standbys have passed its last bookmark."""
         self.repl_held.append((peer_id, frame, max(bookmarks, default=0) + 1))
 
     def replicated_upto(self) -> int:

@@ -177,10 +177,7 @@ class Standby:
         if start >= end:
             st.caught_up_at = time.monotonic()
             if tables_version != self.tables_seen:  # no new records, but a queue declared or deleted
-                tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
-                replica.apply(self.journal, [], [], start, tables["declared"], tables["recovery_points"],
-                              tables["first_seq"])
-                self.tables_seen = tables_version
+                self.store([], [], start, tables_version)
             return 0
         # Both kinds at once (two requests in flight): the reader thread answers in turn.
         (msgs, m_next, m_done), (events, e_next, e_done) = self.fetch(start, end)
@@ -193,23 +190,25 @@ class Standby:
         if start and len(msgs) + len(events) != upto - start:
             raise StandbyError(f"the leader's retention deleted records this standby had not copied (it is at "
                                f"{start}): it cannot catch up; start it again from a copy of the leader's journal")
-        tables = None
-        if tables_version != self.tables_seen or tables_version < 0:
-            # The small tables changed (a queue declared or deleted, recovery points moved;
-            # a leader that does not say: every round). Read after the ranges: never older.
-            tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
-            self.tables_seen = tables_version
-        if tables is None:
-            replica.apply(self.journal, msgs, events, upto)
-        else:
-            replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"],
-                          tables["first_seq"])
+        self.store(msgs, events, upto, tables_version)
         st.position = upto
         st.records += len(msgs) + len(events)
         st.rounds += 1
         if upto >= end:
             st.caught_up_at = time.monotonic()
         return len(msgs) + len(events)
+
+    def store(self, msgs: list[bytes], events: list[bytes], upto: int, tables_version: int) -> None:
+        """Store a window, with the small tables when they changed (a queue declared or
+        deleted, recovery points moved; a leader that does not say: every time), read
+        after the ranges: never older than the records."""
+        if tables_version == self.tables_seen and tables_version >= 0:
+            replica.apply(self.journal, msgs, events, upto)
+            return
+        tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
+        replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"],
+                      tables["first_seq"])
+        self.tables_seen = tables_version
 
     def fetch(self, start: int, end: int) -> list[tuple[list[bytes], int, bool]]:
         """The stored messages and events in [start, end), as far as one answer each goes."""
