@@ -30,7 +30,7 @@ ALLOWED = {
 }
 PUBLIC_FACE = {"zq", "zq.aio"}
 # Inside the dispatcher: the loop uses the others; none of them uses the loop.
-SERVER_TOP = {"zq.server", "zq.server.loop", "zq.server.dispatcher"}
+SERVER_TOP = {"zq.server", "zq.server.loop", "zq.server.dispatcher", "zq.server.cluster"}
 
 
 def module_name(path: Path) -> str:

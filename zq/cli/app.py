@@ -102,13 +102,27 @@ def serve(
     bind: Optional[list[str]] = typer.Option(None, "--bind", help="endpoint to bind (repeatable) (default tcp://127.0.0.1:7780)"),
     durability: Optional[str] = typer.Option(None, "--durability", help="fsync | batch | none (default batch)"),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="serve Prometheus metrics on HOST:PORT (/metrics)"),
+    node: Optional[str] = typer.Option(None, "--node", help="this node's name in the [cluster] (overrides cluster.node)"),
 ) -> None:
-    """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop)."""
+    """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop).
+
+    With a [cluster] block naming ZooKeeper, run one node of an elected cluster: it
+    leads when ZooKeeper elects it and is a standby of the leader until then."""
     from zq.server import Server
 
     cfg = load_config(config, data, bind, durability)
     if metrics:
         cfg = msgspec.structs.replace(cfg, metrics=metrics)
+    if node is not None or bind or cfg.cluster_section.zookeeper:
+        from zq.server.config import cluster_config
+
+        try:
+            cfg.cluster = cluster_config(cfg.cluster_section, cfg.bind, node)
+        except ZqError as exc:
+            raise fail(f"{config or 'config'}: {exc}", RET_USAGE) from None
+    if cfg.cluster is not None:
+        serve_node(cfg)
+        return
     try:
         server = Server(cfg)
     except ZqError as exc:
@@ -125,6 +139,27 @@ def serve(
         typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()
     typer.echo("zq stopped cleanly", err=True)
+
+
+def serve_node(cfg) -> None:  # type: ignore[no-untyped-def]
+    """``zq serve`` as one node of an elected cluster (zq.server.cluster)."""
+    from zq.build import describe
+    from zq.server.cluster import Node
+
+    try:
+        node = Node(cfg)
+    except ImportError as exc:
+        raise fail(f"a [cluster] with zookeeper needs kazoo ({exc})") from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: node.stop())
+    cc = cfg.cluster
+    typer.echo(f"zq node {cc.node} of {cc.zookeeper}{cc.path}: on {' '.join(cfg.bind)} (advertised {cc.advertise}); "
+               f"data {cfg.data}; replicas_ack {cfg.replicas_ack}; {describe()}", err=True)
+    try:
+        node.run()
+    except ZqError as exc:
+        raise fail(f"zq node {cc.node}: {exc}") from None
+    typer.echo(f"zq node {cc.node} stopped cleanly (led {node.terms} time(s))", err=True)
 
 
 @app.command()

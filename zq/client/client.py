@@ -632,6 +632,8 @@ class Client:
             else:
                 log.error("dispatcher error: %s: %s", msg.code, msg.message)
         elif t is wire.Welcome:
+            if self.endpoints.stale(msg.epoch):
+                return "reset"
             self.max_message_bytes = msg.max_message_bytes
             self._on_welcome(sock)
             return "welcome"

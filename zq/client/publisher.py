@@ -209,6 +209,8 @@ class Publisher:
                 continue
             msg = wire.server_decoder.decode(sock.recv())
             if type(msg) is wire.Welcome:
+                if self._endpoints.stale(msg.epoch):
+                    return False
                 self.heartbeat_ms = msg.heartbeat_ms
                 self.max_message_bytes = msg.max_message_bytes
                 return True

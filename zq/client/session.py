@@ -5,6 +5,7 @@ turning the dispatcher's error codes back into exceptions."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -17,6 +18,8 @@ from zq import wire
 from zq.core import limits
 from zq.core.errors import ConnectionLost, ZqError  # noqa: F401 -- ConnectionLost: clients import it from here
 from zq.keys import apply_client_curve
+
+log = logging.getLogger("zq.client")
 
 # Plain ints: ``getsockopt(zmq.EVENTS) & zmq.POLLIN`` builds an enum member per call.
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
@@ -255,6 +258,17 @@ class Endpoints:
         self.i = 0
         self.hint: str | None = None
         self.hint_fresh = False
+        self.epoch = 0  # the newest cluster leader epoch a session of ours was welcomed by
+
+    def stale(self, epoch: int) -> bool:
+        """A WELCOME from a leader older than one already seen (a deposed leader that
+        still answers): True, and the session is dropped; else note the epoch."""
+        if epoch < self.epoch:
+            log.warning("%s leads epoch %d, older than epoch %d seen: a deposed leader; moving on",
+                        self.current, epoch, self.epoch)
+            return True
+        self.epoch = epoch
+        return False
 
     @property
     def current(self) -> object:

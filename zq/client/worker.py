@@ -340,6 +340,8 @@ class Worker(MessageStream):
             self.backlog = msg.backlog  # type: ignore[attr-defined]
             self.group_header = msg.group_header  # type: ignore[attr-defined]
         elif t is wire.Welcome:
+            if self._endpoints.stale(msg.epoch):  # type: ignore[attr-defined]
+                return "reset"
             self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
         elif t is wire.Refused:
             self.refused += len(msg.bookmarks)  # type: ignore[attr-defined]

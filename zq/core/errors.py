@@ -62,3 +62,10 @@ class ConnectionLost(ZqError):
     dispatcher behind an in-process session stopped."""
 
     code = "connection"
+
+
+class NotLeaderError(ZqError):
+    """This dispatcher does not lead its cluster (a standby, or a leader deposed by a
+    newer epoch); the message names the leader when it is known (``wire.leader_hint``)."""
+
+    code = "not-leader"

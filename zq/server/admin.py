@@ -18,6 +18,7 @@ from zq.core.engine import Engine
 from zq.core.errors import ProtocolError
 from zq.core.explain import explain as explain_message
 from zq.core.manage import BulkCursor
+from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.config import QueueSection, queue_settings
 from zq.server.sessions import Peer, holder_name, sub_key
@@ -31,6 +32,9 @@ class AdminHost(Protocol):
     journal: LmdbJournal
 
     def configured_queue(self, name: str) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
 
 
 class Bulk(NamedTuple):
@@ -196,7 +200,21 @@ def journal_tables(server: AdminHost, peer: Peer, a: TablesArgs, now: int) -> di
                 if cur.first():
                     seq = int.from_bytes(cur.key(), "big")
                     first = seq if not first else min(first, seq)
-    return {"declared": declared, "recovery_points": j.recovery_points(), "first_seq": first}
+    return {"declared": declared, "recovery_points": j.recovery_points(), "first_seq": first,
+            "epochs": replica.epochs(j)}
+
+
+class EpochEndArgs(Args):
+    epoch: int = 0
+
+
+def epoch_end(server: AdminHost, peer: Peer, a: EpochEndArgs, now: int) -> dict:
+    """Where epoch ``a.epoch``'s records end in this leader's journal (Kafka's
+    OffsetsForLeaderEpoch): a node that comes back truncates its own past it."""
+    if not 0 <= a.epoch < 1 << 63:
+        raise ProtocolError("an epoch is 0..2^63-1")
+    return {"end": replica.end_of_epoch(replica.epochs(server.journal), a.epoch, server.engine.next_seq),
+            "epoch": server.epoch}
 
 
 OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
@@ -210,6 +228,7 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "queue-delete": (QueueDeleteArgs, queue_delete),
     "explain": (ExplainArgs, explain),
     "journal-tables": (TablesArgs, journal_tables),
+    "epoch-end": (EpochEndArgs, epoch_end),
 }
 
 

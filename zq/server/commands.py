@@ -26,16 +26,19 @@ import msgspec
 from zq import wire
 from zq.core import limits
 from zq.core.engine import Engine
-from zq.core.errors import JournalError, LimitError, NotEntitledError, ProtocolError, ZqError
+from zq.core.errors import JournalError, LimitError, NotEntitledError, NotLeaderError, ProtocolError, ZqError
 from zq.core.manage import BulkCursor
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server import admin
-from zq.server.config import Config
+from zq.server.config import NODE_NAME_RE, Config
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.security import Rights, Security
 from zq.server.security import check as check_rights
 from zq.server.sessions import Peer, check_sub_id, sub_key
+
+if TYPE_CHECKING:
+    from zq.server.leadership import LeaderDuty
 
 log = logging.getLogger("zq.server")
 
@@ -88,6 +91,7 @@ class Commands:
     bulk_actions: collections.deque[BulkAction]
     journal_down: str | None
     internal_errors: int
+    cluster: LeaderDuty | None
 
     if TYPE_CHECKING:  # the loop's methods that handlers use (only declared: the MRO must find the loop's)
         def reply(self, peer_id: bytes, msg: object, durable: bool = False) -> None: ...
@@ -97,6 +101,8 @@ class Commands:
         def configured_queue(self, name: str) -> bool: ...
         def hold_for_replicas(self, peer_id: bytes, frame: bytes, bookmarks: list[int]) -> None: ...
         def stats(self, now: int) -> dict: ...
+        @property
+        def epoch(self) -> int: ...
 
     # ------------------------------------------------------- entitlements
 
@@ -129,7 +135,7 @@ class Commands:
         if self.security is not None:
             fresh.rights = self.pending_rights
         self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms,
-                                         self.config.max_message_bytes))
+                                         self.config.max_message_bytes, self.epoch))
 
     def on_heartbeat(self, peer_id: bytes, peer: Peer, cmd: wire.Heartbeat, now: int) -> None:
         pass  # hearing it was the point (``receive`` noted the time)
@@ -297,8 +303,20 @@ class Commands:
                 if peer.rights is None:
                     raise NotEntitledError("no entitlements for this connection")
                 check_rights(peer.rights, "admin", "journal-tables")
+            if cmd.node and not NODE_NAME_RE.fullmatch(cmd.node):
+                raise ProtocolError("a standby's node name is 1..64 letters, digits, _ . -")
+            if not 0 <= cmd.epoch < 1 << 63:
+                raise ProtocolError("an epoch is 0..2^63-1")
+            if self.cluster is not None and cmd.epoch > self.cluster.epoch:
+                # Fenced at the resource: a standby that knows a newer leader will not
+                # copy this one, and this one has learnt it is deposed.
+                self.cluster.deposed = True
+                raise NotLeaderError(f"epoch {cmd.epoch} has a newer leader than this one ({self.cluster.epoch})")
             # Never past what exists: a peer cannot claim records that were not written.
             peer.replica_position = max(peer.replica_position, min(cmd.position, self.engine.next_seq))
+            peer.node = cmd.node
+            if self.cluster is not None and cmd.node:
+                self.cluster.standby_reported(peer, peer.replica_position, self.engine.next_seq, now)
         if cmd.wait_ms and cmd.at_ms is None and self.engine.next_seq <= cmd.after:
             if len(self.bounds_waiting) >= self.config.max_connections:
                 raise LimitError("too many waiting bounds requests")
@@ -306,7 +324,7 @@ class Commands:
             return
         seq_at = self.journal.seq_at_time(cmd.at_ms) if cmd.at_ms is not None else None
         self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at,
-                                                 "tables": self.engine.tables_changes}))
+                                                 "tables": self.engine.tables_changes, "epoch": self.epoch}))
 
     def on_range(self, peer_id: bytes, peer: Peer, cmd: wire.Range, now: int) -> None:
         self.ranges.forward(peer_id, cmd)  # the reader thread answers (zq.server.ranges)

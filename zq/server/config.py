@@ -143,6 +143,66 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ClusterSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     replicas_ack: int = 0  # a publish is confirmed once this many standbys have it synced (0: the leader's commit)
+    # An elected cluster (zq.server.cluster): with ``zookeeper`` set, `zq serve` is one node
+    # of it, leading or standing by as ZooKeeper decides; the same file on every node but
+    # for ``node`` (or `zq serve --node`) and the binds.
+    zookeeper: str = ""  # "host:port[,host:port...]"
+    path: str = "/zq/default"  # the cluster's znode: one per cluster
+    node: str = ""  # this node's name, unique in the cluster
+    advertise: str = ""  # the endpoint others reach this node on (default: the first bind)
+    session_timeout: str = "2s"  # ZooKeeper's session: how long a silent leader keeps leading
+    min_insync: int = 0  # with replicas_ack: publishes wait while fewer standbys are in sync
+    replica_lag: str = "3s"  # a standby that has not caught up for this long leaves the in-sync set
+
+
+class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """An elected cluster's settings, checked (``[cluster]`` with ``zookeeper``)."""
+
+    zookeeper: str
+    path: str
+    node: str
+    advertise: str
+    session_timeout_ms: int
+    min_insync: int
+    replica_lag_ms: int
+
+
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+ZK_PATH_RE = re.compile(r"(/[A-Za-z0-9_.-]{1,64}){1,8}")
+ZK_HOSTS_RE = re.compile(r"[A-Za-z0-9.:\[\]-]{1,200}(,[A-Za-z0-9.:\[\]-]{1,200}){0,8}")
+SESSION_TIMEOUT_MS_RANGE = (1000, 30_000)  # ZooKeeper grants 2..20 ticks: past 30 s it may grant less
+
+
+def cluster_config(c: ClusterSection, bind: list[str], node_override: str | None = None) -> ClusterConfig | None:
+    """The checked cluster settings, or None without ``zookeeper`` (one dispatcher, or
+    standbys started by hand)."""
+    node = node_override if node_override is not None else c.node
+    if not c.zookeeper:
+        if node_override is not None:
+            raise ConfigError("--node needs a [cluster] block with zookeeper")
+        return None
+    if not ZK_HOSTS_RE.fullmatch(c.zookeeper):
+        raise ConfigError(f"cluster.zookeeper must be host:port[,host:port...], got {c.zookeeper[:80]!r}")
+    if not ZK_PATH_RE.fullmatch(c.path) or {".", ".."} & set(c.path.split("/")) or c.path.startswith("/zookeeper"):
+        raise ConfigError(f"cluster.path must be a znode path like /zq/orders (letters, digits, _ . -), "
+                          f"got {c.path[:80]!r}")
+    if not NODE_NAME_RE.fullmatch(node):
+        raise ConfigError(f"cluster.node (or --node) must be 1..64 letters, digits, _ . -, got {node[:80]!r}")
+    advertise = c.advertise or bind[0]
+    if not advertise.startswith("tcp://") or "*" in advertise or len(advertise) > 200:
+        raise ConfigError(f"cluster.advertise must be a tcp:// endpoint other nodes and clients can reach "
+                          f"(the first bind is {bind[0]!r}), got {advertise[:80]!r}")
+    timeout = duration_ms(c.session_timeout, "cluster.session_timeout")
+    lo, hi = SESSION_TIMEOUT_MS_RANGE
+    if not lo <= timeout <= hi:
+        raise ConfigError(f"cluster.session_timeout must be {lo // 1000}s..{hi // 1000}s")
+    lag = duration_ms(c.replica_lag, "cluster.replica_lag")
+    if not 100 <= lag <= 600_000:
+        raise ConfigError("cluster.replica_lag must be 100ms..10m")
+    if not 0 <= c.min_insync <= REPLICAS_ACK_MAX:
+        raise ConfigError(f"cluster.min_insync must be 0..{REPLICAS_ACK_MAX}, got {c.min_insync}")
+    return ClusterConfig(zookeeper=c.zookeeper, path=c.path, node=node, advertise=advertise,
+                         session_timeout_ms=timeout, min_insync=c.min_insync, replica_lag_ms=lag)
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -174,6 +234,8 @@ class Config(msgspec.Struct, kw_only=True):
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None  # CurveZMQ (zq.server.security); None: plaintext, loopback advised
     replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys (zq.server.standby)
+    cluster: ClusterConfig | None = None  # [cluster] with zookeeper: an elected node (zq.server.cluster)
+    cluster_section: ClusterSection = msgspec.field(default_factory=ClusterSection)  # as written (for --node)
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
@@ -225,7 +287,10 @@ class Config(msgspec.Struct, kw_only=True):
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
             security=check_section(fc.security, base) if fc.security is not None else None,
             replicas_ack=fc.cluster.replicas_ack,
+            cluster_section=fc.cluster,
         )
+        if fc.cluster.node or not fc.cluster.zookeeper:  # else `zq serve --node` names it (checked then)
+            cfg.cluster = cluster_config(fc.cluster, cfg.bind)
         if not 0 <= cfg.replicas_ack <= REPLICAS_ACK_MAX:
             raise ConfigError(f"{source}: cluster.replicas_ack must be 0..{REPLICAS_ACK_MAX}, got {cfg.replicas_ack}")
         names = [q.name for q in cfg.queues]

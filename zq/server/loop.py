@@ -18,9 +18,11 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import select
 import shutil
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -31,16 +33,20 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.effects import Revoke
 from zq.core.engine import Engine
-from zq.core.errors import JournalError, ProtocolError, ZqError
+from zq.core.errors import ConfigError, JournalError, ProtocolError, ZqError
 from zq.journal.base import recover_engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
+from zq.server.router import Router, open_router
 from zq.server.security import Rights, Security
-from zq.server.sessions import Peer, is_local, sub_key, wall_ms
+from zq.server.sessions import Peer, sub_key, wall_ms
 from zq.server.stats import Stats
+
+if TYPE_CHECKING:
+    from zq.server.leadership import LeaderDuty
 
 log = logging.getLogger("zq.server")
 
@@ -68,41 +74,32 @@ class Server(Commands, Stats):
     heartbeats and upkeep. What each command does is ``Commands`` (``commands.py``),
     what STATS reports is ``Stats`` (``stats.py``)."""
 
-    def __init__(self, config: Config, *, context: zmq.Context | None = None) -> None:
+    def __init__(self, config: Config, *, context: zmq.Context | None = None, cluster: LeaderDuty | None = None,
+                 router: Router | None = None) -> None:
         self.config = config
+        if cluster is None and config.cluster_section.zookeeper:
+            raise ConfigError("a [cluster] with zookeeper is served by its nodes (zq.server.cluster.Node, "
+                              "`zq serve --node NAME`), not by a lone dispatcher")
         self.ctx = context or zmq.Context.instance()
         self.journal = LmdbJournal(config.data, durability=config.durability, fsync_interval_ms=config.fsync_interval_ms)
         self.engine: Engine = recover_engine(self.journal, config.queues, auto_queues=config.auto_queues)
         self.engine.expr_limits = config.expr_limits
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_ms)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_ms * config.heartbeat_liveness)
-        # Frames up to twice the message limit are read and refused with an error
-        # naming the limit; only absurd ones are cut off by libzmq (connection closed).
-        self.sock.setsockopt(zmq.MAXMSGSIZE, max(limits.FRAME_BYTES_MAX, 2 * config.max_message_bytes))
-        self.security: Security | None = None
-        if config.security is not None:
-            self.security = Security(config.security, self.ctx)
-            self.security_monitor = self.security.apply(self.sock)
-        self.reload_requested = False  # SIGHUP: read the allowlist again
-        self.endpoints: list[str] = []
         try:
-            for ep in config.bind:
-                self.sock.bind(ep)
-                self.endpoints.append(self.sock.getsockopt_string(zmq.LAST_ENDPOINT) or ep)
-        except zmq.ZMQError as exc:
-            self.sock.close(0)
+            self.router = router or open_router(config, self.ctx)
+        except ZqError:
             self.journal.close()
-            if self.security is not None:
-                self.security.close()
-            raise ZqError(f"cannot bind {ep}: {exc}") from None
-        if self.security is None:
-            for ep in self.endpoints:
-                if not is_local(ep):
-                    log.warning("serving WITHOUT authentication on %s: anyone who reaches it may publish, consume "
-                                "and administer (add a [security] block to zq.toml)", ep)
+            raise
+        self.sock = self.router.sock
+        self.security: Security | None = self.router.security
+        if self.security is not None:
+            self.security_monitor = self.router.security_monitor
+        self.reload_requested = False  # SIGHUP: read the allowlist again
+        self.endpoints: list[str] = self.router.endpoints
+        # An elected cluster's leader (zq.server.cluster): whether it may serve, its
+        # epoch, the in-sync standbys. None: a dispatcher on its own.
+        self.cluster = cluster
+        if cluster is not None:
+            cluster.wake = self.wake
         self.peers: dict[bytes, Peer] = {}
         # The direct path (zq.server.local): in-process sessions step the dispatcher in
         # their own threads under this lock; the loop thread holds it for each iteration.
@@ -178,6 +175,13 @@ class Server(Commands, Stats):
         except OSError:
             pass
 
+    def wake(self) -> None:
+        """Have the loop look again now (thread-safe)."""
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
     def request_reload(self) -> None:
         """SIGHUP: read the allowlist again at the next heartbeat (signal-safe)."""
         self.reload_requested = True
@@ -205,9 +209,7 @@ class Server(Commands, Stats):
             self.links.clear()
         if self.metrics is not None:
             self.metrics.shutdown()
-        self.sock.close(linger=500)
-        if self.security is not None:
-            self.security.close()
+        self.router.close(linger_ms=500)
         self.ranges.close()  # before the journal: the reader thread uses it
         self.journal.close()
         os.close(self.wake_r)
@@ -232,6 +234,9 @@ class Server(Commands, Stats):
 
     def iteration(self, poll: bool = True) -> None:
         now = wall_ms()
+        if self.cluster is not None and not self.cluster.serving():
+            self.fenced(now)
+            return
         if poll:
             with self.lock:
                 timeout = self.poll_timeout_ms(now)
@@ -254,6 +259,16 @@ class Server(Commands, Stats):
                 marks = self.marks
                 self.loop_max_phases = {name: round((marks[i + 1] - marks[i]) * 1000, 3)
                                         for i, name in enumerate(LOOP_PHASES) if i + 1 < len(marks)}
+
+    def fenced(self, now: int) -> None:
+        """A cluster leader that may not serve (its lease ran out, its ZooKeeper
+        connection is suspended, a newer epoch exists): read nothing, send nothing,
+        until the lease is renewed or the node steps down (``zq.server.cluster``)."""
+        try:
+            select.select([self.wake_r], [], [], 0.05)
+            os.read(self.wake_r, 4096)
+        except (BlockingIOError, OSError):
+            pass
 
     def serve_once(self, now: int) -> None:
         """One iteration after the poll: read, step the engine, commit, send."""
@@ -282,6 +297,8 @@ class Server(Commands, Stats):
             self.end_due_claims(now)
         if self.bounds_waiting:
             self.answer_bounds(now)
+        if self.cluster is not None:
+            self.cluster.tick(self.peers, now)
         if self.repl_held:
             self.release_replicated()
         if self.journal_down is None:
@@ -400,6 +417,8 @@ class Server(Commands, Stats):
                 self.deferred[i] = (keep, deliveries)
             return
         self.urgent_pending = False
+        if self.cluster is not None and not self.cluster.serving():
+            return  # committed, not sent: a deposed leader's word is worth nothing (the new one sends it)
         if self.journal_down is not None:
             log.warning("journal writable again after %d ms: publishing resumed", now - self.journal_down_since)
             self.journal_down = None
@@ -446,7 +465,8 @@ class Server(Commands, Stats):
                 body = b""
             elif self.security is not None and peer_id not in self.peers:
                 frame = sock.recv(copy=False)  # a new session: its key (ZAP's User-Id) is in the frame's metadata
-                body, user = frame.bytes, frame.get("User-Id")
+                body, key = frame.bytes, frame.get("User-Id")
+                user = key if isinstance(key, str) else None
             else:
                 body = sock.recv()
             extra = 0
@@ -528,6 +548,8 @@ class Server(Commands, Stats):
 
     def replicated_upto(self) -> int:
         """Every record below this is synced on ``replicas_ack`` standbys (0: too few)."""
+        if self.cluster is not None:
+            return self.cluster.replicated_upto(self.peers, self.engine.next_seq)
         k = self.config.replicas_ack
         positions = sorted((p.replica_position for p in self.peers.values() if p.replica_position >= 0), reverse=True)
         return positions[k - 1] if len(positions) >= k else 0
@@ -536,6 +558,8 @@ class Server(Commands, Stats):
         """Send the held confirmations the standbys have passed. Every held one is looked
         at each time (they are few: the publishers' windows): one may be held already
         passed, a duplicate's (its bookmarks are old) or one a full queue held back."""
+        if self.cluster is not None and not self.cluster.serving():
+            return
         upto = self.replicated_upto()
         still = []
         for peer_id, frame, needs in self.repl_held:
@@ -556,10 +580,16 @@ class Server(Commands, Stats):
             if (committed and (end > after or tables != seen)) or due <= now:
                 self.send(peer_id, wire.encode(wire.Reply(req, {"next_seq": end if committed else after,
                                                                   "seq_at": None,
-                                                                  "tables": self.engine.tables_changes})))
+                                                                  "tables": self.engine.tables_changes,
+                                                                  "epoch": self.epoch})))
             else:
                 still.append((peer_id, req, after, due, seen))
         self.bounds_waiting = still
+
+    @property
+    def epoch(self) -> int:
+        """This leader's epoch in its cluster (0: not in one)."""
+        return self.cluster.epoch if self.cluster is not None else 0
 
     def queue_covers(self, name: str):  # type: ignore[no-untyped-def]
         """A queue's topic matcher for the reader thread: built from the queue's settings

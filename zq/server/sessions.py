@@ -21,6 +21,8 @@ class Peer:
     published: int = 0
     rights: Rights | None = None  # with security on: what this client's key may do
     replica_position: int = -1  # a standby: every record below this is synced on its disk (-1: not a standby)
+    node: str = ""  # a cluster standby's node name
+    prev_end: int = 0  # a cluster standby: the journal's end at its previous report (has it caught up?)
 
     @property
     def consumer(self) -> str:

@@ -41,6 +41,7 @@ from zq.core.errors import JournalError, ZqError
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.keys import apply_client_curve
+from zq.server.router import Router
 from zq.wire.records import array_header_size
 
 log = logging.getLogger("zq.standby")
@@ -61,6 +62,9 @@ class StandbyState:
     rounds: int = 0
     caught_up_at: float = 0.0  # monotonic time the standby last held everything the leader had committed
     connected: bool = False
+    heard_at: float = 0.0  # monotonic time of the leader's last frame
+    leader_heartbeat_s: float = 1.0  # the leader's heartbeat interval (its WELCOME)
+    truncated: int = 0  # records deleted on joining a newer leader (what the old one wrote past it)
     error: str = ""
 
     @property
@@ -71,28 +75,54 @@ class StandbyState:
 class NotLeader:
     """A standby's answer to clients on its own endpoint: it does not serve, the leader
     does (ERROR ``not-leader`` naming it; clients with several endpoints move there).
-    A thread with its own ROUTER socket; heartbeats are not answered."""
+    A thread with its own ROUTER socket; heartbeats are not answered.
 
-    def __init__(self, binds: list[str], leader: str, context: zmq.Context | None = None) -> None:
+    In an elected cluster (``wait_for_leader``) it names a leader only while it can
+    vouch for it (its copy heard from it within two heartbeats); otherwise it reads
+    nothing, and what clients send waits in the socket: for the leader to be known, or
+    for this node to win and hand the socket, HELLOs and all, to its dispatcher."""
+
+    def __init__(self, binds: list[str], leader: str, context: zmq.Context | None = None, *,
+                 router: Router | None = None, wait_for_leader: bool = False) -> None:
         self.ctx = context or zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        try:
-            for b in binds:
-                self.sock.bind(b)
-        except zmq.ZMQError as exc:
-            self.sock.close(0)
-            raise StandbyError(f"cannot bind {binds}: {exc}") from None
-        self.text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{leader}"
+        if router is None:
+            sock = self.ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            try:
+                for b in binds:
+                    sock.bind(b)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                raise StandbyError(f"cannot bind {binds}: {exc}") from None
+            router = Router(sock, list(binds), None, None)
+        self.router = router
+        self.sock = router.sock
+        self.leader = leader
+        self.copy: StandbyState | None = None  # the standby whose word vouches for the leader
+        self.wait_for_leader = wait_for_leader
         self.stopping = threading.Event()
         self.answered = 0
         self.thread = threading.Thread(target=self.run, name="zq-standby-not-leader", daemon=True)
         self.thread.start()
 
+    def follow(self, leader: str, copy: StandbyState | None) -> None:
+        """The leader is now ``leader`` (empty: none known), vouched for by ``copy``."""
+        self.leader, self.copy = leader, copy
+
+    def vouched(self) -> bool:
+        if not self.wait_for_leader:
+            return True
+        copy = self.copy
+        return bool(self.leader) and copy is not None and copy.connected and \
+            time.monotonic() - copy.heard_at < 2 * copy.leader_heartbeat_s
+
     def run(self) -> None:
         while not self.stopping.is_set():
-            if not self.sock.poll(200):
+            if not self.vouched():
+                self.stopping.wait(0.02)
+                continue
+            if not self.sock.poll(50):
                 continue
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
@@ -106,26 +136,33 @@ class NotLeader:
                 cmd = None
             if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
                 continue
+            text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{self.leader}"
             try:
                 self.sock.send_multipart([frames[0], wire.encode(wire.Error(getattr(cmd, "req", 0) or 0,
-                                                                            wire.NOT_LEADER, self.text))],
+                                                                            wire.NOT_LEADER, text))],
                                          zmq.NOBLOCK)
                 self.answered += 1
             except zmq.ZMQError:
                 pass  # gone, or not reading: nothing to tell it
 
-    def close(self) -> None:
+    def hand_over(self) -> Router:
+        """Stop answering and give the socket (with what waits in it) to the caller."""
         self.stopping.set()
         self.thread.join(5)
-        self.sock.close(0)
+        return self.router
+
+    def close(self) -> None:
+        self.hand_over().close()
 
 
 class Standby:
     """Follow the dispatcher at ``endpoint`` into the journal at ``data``."""
 
     def __init__(self, endpoint: str, data: str, *, curve: tuple[bytes, bytes, bytes] | None = None,
-                 batch: int = 65_536, context: zmq.Context | None = None) -> None:
+                 batch: int = 65_536, context: zmq.Context | None = None, node: str = "", epoch: int = 0) -> None:
         self.endpoint = endpoint
+        self.node = node  # in an elected cluster: this node's name, and the leader's epoch it expects
+        self.epoch = epoch
         self.journal = LmdbJournal(data, durability="fsync")
         self.curve = curve
         self.batch = batch
@@ -135,6 +172,7 @@ class Standby:
         self.stopping = threading.Event()
         self.tables_seen = -1  # the leader's count of table changes at the last copy of its tables
         self.state = StandbyState(position=replica.position(self.journal))
+        self.last_epoch = replica.last_epoch(self.journal)  # the newest epoch in this journal's history
 
     # ------------------------------------------------------------- running
 
@@ -169,8 +207,11 @@ class Standby:
         # of up to a second for the leader's journal to pass it: caught up, the answer
         # comes as soon as the leader commits more.
         pos = st.position
-        bounds = self.request(lambda req: wire.Bounds(req, None, pos, BOUNDS_WAIT_MS, pos))
+        bounds = self.request(lambda req: wire.Bounds(req, None, pos, BOUNDS_WAIT_MS, pos, self.node, self.epoch))
         end, tables_version = bounds["next_seq"], bounds.get("tables", -1)
+        if bounds.get("epoch", 0) < self.epoch:  # fenced at the resource: no records from a deposed leader
+            raise StandbyError(f"{self.endpoint} leads epoch {bounds.get('epoch', 0)}, older than {self.epoch}: "
+                               "not copied")
         st.leader_next = end
         st.connected, st.error = True, ""
         start = st.position
@@ -207,7 +248,9 @@ class Standby:
             return
         tables = self.request(lambda req: wire.Admin(req, "journal-tables", {}))
         replica.apply(self.journal, msgs, events, upto, tables["declared"], tables["recovery_points"],
-                      tables["first_seq"])
+                      tables["first_seq"], [tuple(e) for e in tables["epochs"]] if "epochs" in tables else None)
+        if "epochs" in tables:
+            self.last_epoch = max([self.last_epoch] + [e for e, _ in tables["epochs"]])
         self.tables_seen = tables_version
 
     def fetch(self, start: int, end: int) -> list[tuple[list[bytes], int, bool]]:
@@ -232,10 +275,29 @@ class Standby:
         apply_client_curve(sock, self.curve)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)
-        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "zq standby")))
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, f"zq standby {self.node}".strip())))
         self.sock = sock
-        self.expect(lambda m: type(m) is wire.Welcome)
+        welcome = self.expect(lambda m: type(m) is wire.Welcome)
+        if type(welcome) is wire.Welcome:
+            self.state.leader_heartbeat_s = welcome.heartbeat_ms / 1000
+        if self.epoch:
+            self.truncate_to_leader()
         return sock
+
+    def truncate_to_leader(self) -> None:
+        """In a cluster, before copying: delete what this journal holds past where the
+        leader's history goes on from this journal's last epoch (what a deposed leader
+        wrote, or a standby copied from it, that the new leader never had: KIP-101)."""
+        mine = replica.last_epoch(self.journal)
+        answer = self.request(lambda req: wire.Admin(req, "epoch-end", {"epoch": mine}))
+        end = min(answer["end"], self.journal.next_seq())
+        deleted = replica.truncate_from(self.journal, end)
+        self.state.truncated += deleted
+        if deleted:
+            log.warning("standby: deleted %d records past bookmark %d (written in epoch %d; the leader's "
+                        "epoch %d goes on from there)", deleted, end, mine, answer["epoch"])
+        self.state.position = end
+        self.tables_seen = -1
 
     def request(self, make):  # type: ignore[no-untyped-def]
         return self.request_all([make])[0]
@@ -264,7 +326,7 @@ class Standby:
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(min(left, 1.0) * 1000)):
+            if left <= 0 or not self.sock.poll(int(min(left, 0.1) * 1000)):
                 if left <= 0 or self.stopping.is_set():
                     raise TimeoutError("no answer")
                 continue
@@ -272,6 +334,7 @@ class Standby:
                 msg = wire.server_decoder.decode(self.sock.recv())
             except msgspec.MsgspecError as exc:
                 raise StandbyError(f"an undecodable frame from the leader: {exc}") from None
+            self.state.heard_at = time.monotonic()
             if wanted(msg) or (type(msg) is wire.Error and msg.code in wire.SESSION_ENDING):
                 return msg
             # heartbeats and anything else: the session is alive

@@ -7,7 +7,7 @@ engine's; the attributes are declared here for the type checker.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zq.core.engine import Engine
 from zq.journal.lmdb_journal import LmdbJournal
@@ -15,6 +15,9 @@ from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
 from zq.server.security import Security
 from zq.server.sessions import Peer, holder_name
+
+if TYPE_CHECKING:
+    from zq.server.leadership import LeaderDuty
 
 
 class Stats:
@@ -40,6 +43,7 @@ class Stats:
     journal_failures: int
     endpoints: list[str]
     repl_held: list[tuple[bytes, bytes, int]]
+    cluster: LeaderDuty | None
 
     def totals(self) -> tuple[int, int, int]:
         qs = self.engine.queues.values()
@@ -93,10 +97,13 @@ class Stats:
             "rates": self.rates(now),
             "replication": {
                 "replicas_ack": self.config.replicas_ack, "held_confirmations": len(self.repl_held),
-                "standbys": [{"name": p.name, "position": p.replica_position,
+                "standbys": [{"name": p.name, "node": p.node, "position": p.replica_position,
                               "lag_records": max(0, self.engine.next_seq - p.replica_position),
+                              "lag_ms": self.cluster.lag_of(p.node, now) if self.cluster is not None and p.node else None,
+                              "in_sync": p.node in self.cluster.isr if self.cluster is not None else None,
                               "heard_ms_ago": now - p.last_heard_ms}
                              for p in self.peers.values() if p.replica_position >= 0],
+                "cluster": self.cluster.stats(self.peers, now) if self.cluster is not None else None,
             },
         }
         return st

@@ -177,6 +177,8 @@ class Bounds(_Cmd, tag="bounds"):
     after: int = -1
     wait_ms: int = 0
     position: int = -1
+    node: str = ""  # a cluster standby's node name (zq.server.cluster)
+    epoch: int = 0  # the newest leader epoch the standby knows: an older leader is refused
 
 
 class QueryCmd(_Cmd, tag="query"):
@@ -201,6 +203,7 @@ class Welcome(_Cmd, tag="welcome"):
     server: str
     heartbeat_ms: int
     max_message_bytes: int
+    epoch: int = 0  # a cluster leader's epoch: clients that saw a newer one drop this session
 
 
 class Confirm(_Cmd, tag="confirm"):

@@ -1,0 +1,282 @@
+"""ZooKeeper, for an elected cluster: who leads, as which epoch, and who is in sync.
+
+Why ZooKeeper and these recipes
+-------------------------------
+zq has no consensus code of its own. ZooKeeper (through kazoo) holds three things
+under the cluster's path:
+
+* ``election``: kazoo's ``Lock``. Its holder may lead; its ephemeral node goes when
+  the holder's session ends (a crash: after ``session_timeout``).
+* ``state``: ``{epoch, leader, endpoint, isr}``, persistent. Only the lock's holder
+  writes it, and only with a compare-and-set on the version it read
+  (``transaction().check()``), so a leader whose session is gone cannot overwrite a
+  newer one. ``epoch`` only grows; ``isr`` (Kafka's in-sync replicas) names the
+  nodes that hold every confirmed record: only they may take over.
+* ``nodes/<node>``: ephemeral, each live node's endpoint (for ``zq stats`` and for
+  clients that look the cluster up).
+
+The lease
+---------
+A leader must stop confirming and delivering once another may have taken over. Kazoo
+reports SUSPENDED when its connection drops and LOST when the session expired, but a
+process paused (SIGSTOP, a long GC, a swapped-out VM) learns neither until it runs
+again, and then races its own threads. So the leader also holds a lease: every
+successful round trip to ZooKeeper proves the session alive when it was sent, and
+ZooKeeper expires a session only after ``session_timeout`` without hearing from it; the
+leader serves until ``sent + 0.75 x session_timeout`` and renews every quarter of it.
+A paused leader wakes with its lease long past and serves nothing more.
+(ZooKeeper must grant the timeout asked for: its maxSessionTimeout, 20 ticks by
+default, is above the 30 s zq allows.)
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import msgspec
+
+from zq.core.errors import ZqError
+
+log = logging.getLogger("zq.election")
+
+LEASE_FRACTION = 0.75  # of the session timeout: how long one round trip lets a leader serve
+
+
+class ElectionError(ZqError):
+    code = "election"
+
+
+class ClusterState(msgspec.Struct, kw_only=True):
+    """The ``state`` znode: who leads, as which epoch, who is in sync."""
+
+    epoch: int = 0
+    leader: str = ""
+    endpoint: str = ""
+    isr: list[str] = msgspec.field(default_factory=list)
+
+
+_state_decoder = msgspec.json.Decoder(ClusterState)
+
+
+def decode_state(raw: bytes | None) -> ClusterState | None:
+    if not raw:
+        return None
+    try:
+        return _state_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        log.error("cluster state unreadable (%s): treated as none", exc)
+        return None
+
+
+class Coordinator:
+    """One node's link to ZooKeeper: its membership, the lock, the state and the lease.
+    ``on_change`` is called (from kazoo's thread) when the state znode or the session
+    changes; the node reads ``state``/``suspended``/``lost`` then."""
+
+    def __init__(self, hosts: str, path: str, node: str, endpoint: str, session_timeout_ms: int,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        from kazoo.client import KazooClient  # the cluster's one dependency, loaded only by clusters
+
+        self.path, self.node, self.endpoint = path, node, endpoint
+        self.session_timeout_s = session_timeout_ms / 1000
+        self.on_change = on_change
+        self.zk = KazooClient(hosts=hosts, timeout=self.session_timeout_s)
+        self.state: ClusterState | None = None
+        self.state_version = -1
+        self.suspended = False
+        self.lost = False  # the session expired: every lock and ephemeral node of ours is gone
+        self.lease_until = 0.0  # monotonic: a leader serves before this
+        self.lock: Any = None  # kazoo's Lock recipe, while contending or leading
+        self.jobs: queue.Queue = queue.Queue()  # compare-and-sets the leader asks for (renewer thread)
+        self.stopping = threading.Event()
+        self.renewer: threading.Thread | None = None
+
+    # ------------------------------------------------------------ session
+
+    def start(self, wait_s: float = 30.0) -> None:
+        from kazoo.exceptions import NodeExistsError
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        self.zk.add_listener(self.session_changed)
+        try:
+            self.zk.start(timeout=wait_s)
+        except KazooTimeoutError:
+            self.zk.stop()
+            raise ElectionError(f"cannot reach ZooKeeper at {self.zk.hosts.hosts if hasattr(self.zk.hosts, 'hosts') else ''}"
+                                f" in {wait_s:.0f}s") from None
+        self.zk.ensure_path(f"{self.path}/nodes")
+        try:
+            self.zk.create(f"{self.path}/state", b"", makepath=True)
+        except NodeExistsError:
+            pass
+        self.register()
+        self.zk.DataWatch(f"{self.path}/state", self.state_changed)
+        self.renewer = threading.Thread(target=self.renew_loop, name="zq-zookeeper-lease", daemon=True)
+        self.renewer.start()
+
+    def register(self) -> None:
+        """Our ephemeral member node (again after a lost session)."""
+        from kazoo.exceptions import NodeExistsError
+
+        body = msgspec.json.encode({"endpoint": self.endpoint})
+        try:
+            self.zk.create(f"{self.path}/nodes/{self.node}", body, ephemeral=True)
+        except NodeExistsError:  # a previous session of ours, not yet expired; or a duplicate node name
+            _, stat = self.zk.get(f"{self.path}/nodes/{self.node}")
+            if stat.ephemeralOwner != self.zk.client_id[0]:
+                log.warning("a node named %r is already in the cluster (or our last session has not expired yet)",
+                            self.node)
+
+    def session_changed(self, state: str) -> None:
+        from kazoo.protocol.states import KazooState
+
+        if state == KazooState.SUSPENDED:
+            self.suspended = True
+        elif state == KazooState.LOST:
+            self.suspended, self.lost = True, True
+            self.lease_until = 0.0
+        else:  # CONNECTED: the same session (SUSPENDED ended), or a new one after LOST
+            self.suspended = False
+        self.on_change()
+
+    def state_changed(self, data: bytes | None, stat) -> None:  # type: ignore[no-untyped-def]
+        self.state = decode_state(data)
+        self.state_version = stat.version if stat is not None else -1
+        self.on_change()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.renewer is not None:
+            self.jobs.put(None)
+            self.renewer.join(5)
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except Exception as exc:  # noqa: BLE001 -- closing: nothing left to do with a failure
+            log.debug("zookeeper close: %s", exc)
+
+    # ------------------------------------------------------------ the lease
+
+    def serving(self) -> bool:
+        """May the leader confirm, deliver and take acks now?"""
+        return not self.suspended and time.monotonic() < self.lease_until
+
+    def renew_loop(self) -> None:
+        """Renew the lease every quarter session; run the leader's compare-and-sets."""
+        period = self.session_timeout_s / 4
+        while not self.stopping.is_set():
+            try:
+                job = self.jobs.get(timeout=period)
+            except queue.Empty:
+                job = None
+            if self.stopping.is_set():
+                return
+            if job is not None:
+                job()
+            self.renew()
+
+    def renew(self) -> bool:
+        if self.lost or self.suspended:
+            return False
+        sent = time.monotonic()
+        try:
+            self.zk.exists(f"{self.path}/state")
+        except Exception as exc:  # noqa: BLE001 -- any failure: the lease is not renewed
+            log.debug("lease not renewed: %s", exc)
+            return False
+        if not self.lost and not self.suspended:
+            self.lease_until = max(self.lease_until, sent + LEASE_FRACTION * self.session_timeout_s)
+        return True
+
+    # ------------------------------------------------------------ the lock
+
+    def try_lead(self, eligible: Callable[[ClusterState | None], bool], latest_epoch: int,
+                 wait_s: float = 1.0) -> ClusterState | None:
+        """Take the lock (waiting up to ``wait_s``) and, if ``eligible``, write a new
+        epoch with a compare-and-set. Returns the new state (the lock kept), or None (the
+        lock not held: someone else leads, or this node may not)."""
+        from kazoo.exceptions import BadVersionError, LockTimeout
+
+        if self.lock is None:
+            self.lock = self.zk.Lock(f"{self.path}/election", self.node)
+        try:
+            got = self.lock.acquire(timeout=wait_s)
+        except LockTimeout:
+            got = False
+        if not got:
+            return None
+        sent = time.monotonic()
+        raw, stat = self.zk.get(f"{self.path}/state")
+        current = decode_state(raw)
+        if not eligible(current):
+            self.release()
+            return None
+        old_isr = current.isr if current is not None else []
+        new = ClusterState(epoch=max(current.epoch if current else 0, latest_epoch) + 1, leader=self.node,
+                           endpoint=self.endpoint,
+                           isr=[self.node] + [n for n in old_isr if n not in (self.node, current.leader if current else "")])
+        tx = self.zk.transaction()
+        tx.check(f"{self.path}/state", stat.version)
+        tx.set_data(f"{self.path}/state", msgspec.json.encode(new))
+        results = tx.commit()
+        if any(isinstance(r, Exception) for r in results):
+            log.info("election: the state changed under us (%s); not leading", results)
+            self.release()
+            return None
+        if isinstance(results[0], BadVersionError):
+            self.release()
+            return None
+        self.lease_until = sent + LEASE_FRACTION * self.session_timeout_s
+        self.state, self.state_version = new, stat.version + 1
+        return new
+
+    def release(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception as exc:  # noqa: BLE001 -- a lost session released it already
+                log.debug("lock release: %s", exc)
+
+    def after_lost(self) -> None:
+        """A new session after LOST: the old lock and member node are gone; join again."""
+        self.lock = None
+        self.lost = False
+        self.register()
+
+    # ------------------------------------------------------------ the in-sync set
+
+    def set_isr(self, isr: list[str], epoch: int, done: Callable[[bool], None]) -> None:
+        """Ask (from the loop thread) for the in-sync set to become ``isr``; ``done(ok)``
+        is called from the renewer thread. Refused if the state is not this epoch's."""
+        def job() -> None:
+            ok = False
+            try:
+                raw, stat = self.zk.get(f"{self.path}/state")
+                current = decode_state(raw)
+                if current is not None and current.epoch == epoch and current.leader == self.node:
+                    new = msgspec.structs.replace(current, isr=isr)
+                    tx = self.zk.transaction()
+                    tx.check(f"{self.path}/state", stat.version)
+                    tx.set_data(f"{self.path}/state", msgspec.json.encode(new))
+                    ok = not any(isinstance(r, Exception) for r in tx.commit())
+            except Exception as exc:  # noqa: BLE001 -- not changed: the leader keeps waiting on the old set
+                log.warning("in-sync set not changed: %s", exc)
+            done(ok)
+
+        self.jobs.put(job)
+
+    def members(self) -> dict[str, str]:
+        """Live nodes and their endpoints."""
+        out = {}
+        try:
+            for name in self.zk.get_children(f"{self.path}/nodes"):
+                raw, _ = self.zk.get(f"{self.path}/nodes/{name}")
+                out[name] = msgspec.json.decode(raw).get("endpoint", "")
+        except Exception as exc:  # noqa: BLE001 -- for display only
+            log.debug("members: %s", exc)
+        return out

@@ -1,0 +1,103 @@
+"""What a cluster's leader must keep asking while it serves (``zq.server.cluster``).
+
+``LeaderDuty`` is the loop's view of the cluster, called in the loop thread: may it
+serve (its ZooKeeper lease is good, the connection not suspended, no newer epoch
+seen), which standbys are in sync (a standby joins when it has caught up and leaves
+after ``replica_lag`` without catching up; every change a compare-and-set in
+ZooKeeper, made *before* a confirmation may go without that standby), and how far the
+in-sync standbys have synced: replicated confirmations wait for every in-sync standby
+and for at least ``max(replicas_ack, min_insync)`` of them, so whichever in-sync
+standby takes over has every confirmed record.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from zq.server.config import Config
+from zq.server.election import ClusterState, Coordinator
+from zq.server.sessions import Peer
+
+log = logging.getLogger("zq.cluster")
+
+ISR_CHECK_MS = 100  # how often the leader looks at its standbys' progress
+ISR_JOIN_MS = 1000  # a standby joins the in-sync set if it caught up this recently
+
+
+class LeaderDuty:
+    """What the leader's loop asks of the cluster (called in the loop thread)."""
+
+    def __init__(self, coord: Coordinator, state: ClusterState, config: Config, now_ms: int) -> None:
+        assert config.cluster is not None
+        self.coord = coord
+        self.epoch = state.epoch
+        self.node = config.cluster.node
+        self.isr: set[str] = set(state.isr)  # as ZooKeeper has it (this node included)
+        self.deposed = False  # a newer epoch is known here
+        self.pending = False  # a change of the in-sync set is being written
+        self.next_check_ms = 0
+        self.started_ms = now_ms
+        self.caught_up_ms: dict[str, int] = {}  # standby node -> when it last held everything
+        self.lag_ms = config.cluster.replica_lag_ms
+        self.need = max(config.replicas_ack, config.cluster.min_insync) if config.replicas_ack else 0
+        self.wake = lambda: None  # set by the server: wake its loop (a change written)
+
+    def serving(self) -> bool:
+        return not self.deposed and self.coord.serving()
+
+    def standby_reported(self, peer: Peer, position: int, next_seq: int, now: int) -> None:
+        """A standby's BOUNDS: it has caught up if it holds what the journal had at its
+        previous report (a stream never lets it reach the very end)."""
+        if position >= peer.prev_end:
+            self.caught_up_ms[peer.node] = now
+        peer.prev_end = next_seq
+
+    def replicated_upto(self, peers: dict[bytes, Peer], next_seq: int) -> int:
+        """Every record below this is synced on every in-sync standby (0: too few are)."""
+        members = self.isr - {self.node}
+        if len(members) < self.need:
+            return 0
+        positions: dict[str, int] = {}
+        for p in peers.values():
+            if p.node in members:
+                positions[p.node] = max(positions.get(p.node, 0), p.replica_position)
+        return min((positions.get(n, 0) for n in members), default=next_seq)
+
+    def lag_of(self, node: str, now: int) -> int:
+        return now - self.caught_up_ms.get(node, self.started_ms)
+
+    def tick(self, peers: dict[bytes, Peer], now: int) -> None:
+        """Keep the in-sync set: add standbys that caught up, drop those that lag."""
+        if self.pending or now < self.next_check_ms or self.deposed:
+            return
+        self.next_check_ms = now + ISR_CHECK_MS
+        connected = {p.node for p in peers.values() if p.node}
+        want = {self.node}
+        for n in self.isr - {self.node}:
+            if self.lag_of(n, now) <= self.lag_ms:
+                want.add(n)
+        for n in connected - self.isr:
+            if now - self.caught_up_ms.get(n, -10**12) <= ISR_JOIN_MS:
+                want.add(n)
+        if want == self.isr:
+            return
+        self.pending = True
+        gone, joined = sorted(self.isr - want), sorted(want - self.isr)
+        log.info("in-sync set: %s%s", f"-{gone} " if gone else "", f"+{joined}" if joined else "")
+
+        def done(ok: bool) -> None:
+            if ok:
+                self.isr = want
+            else:
+                st = self.coord.state
+                if st is not None and st.epoch != self.epoch:
+                    self.deposed = True
+            self.pending = False
+            self.wake()
+
+        self.coord.set_isr(sorted(want), self.epoch, done)
+
+    def stats(self, peers: dict[bytes, Peer], now: int) -> dict:
+        return {"role": "leader", "node": self.node, "epoch": self.epoch, "isr": sorted(self.isr),
+                "serving": self.serving(), "need_insync": self.need,
+                "lag_ms": {n: self.lag_of(n, now) for n in sorted(self.isr | set(self.caught_up_ms)) if n != self.node}}
