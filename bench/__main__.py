@@ -12,7 +12,10 @@ ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), 
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
 against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
 one with prefetch, plain and reclaimable, interleaved), replication (the standard
-workload with replicas_ack = 1 and a `zq standby` against 0, interleaved). Results go to
+workload with replicas_ack = 1 and a `zq standby` against 0, interleaved), failover (an
+elected cluster of three with a real ZooKeeper: the leader SIGKILLed again and again,
+the time to the first delivery by the new leader), faults (a long seeded run of leader
+kills, leader pauses and standby kills, with a checker's counts). Results go to
 bench/runs/ (not tracked); ``--record`` writes them to bench/results/, the tracked
 figures the docs cite, on purpose.
 """
@@ -31,7 +34,7 @@ RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cit
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim",
-             "replication")
+             "replication", "failover", "faults")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -127,6 +130,12 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
             rows += [raw, {**zq_row, "scenario": "ceiling", "system": "zq (batch)",
                            "of_ceiling": round(zq_row["e2e_msgs_per_s"] / raw["e2e_msgs_per_s"], 3)}]
         return rows
+    if scenario in ("failover", "faults"):
+        from bench import failover
+
+        if scenario == "failover":
+            return failover.failover(2 if quick else 20)
+        return failover.faults(3 if quick else 30)
     if scenario == "replication":
         n = 5_000 if quick else 100_000
         rows = []

@@ -249,12 +249,28 @@ def test_hostile_bounds_from_a_would_be_standby_get_clear_answers(tmp_path):
             assert type(got) is wire.Error and got.code == "protocol", (fields, got)
         got = answer(msgspec.msgpack.encode(["bounds", 8, None, -1, 0, "far"]))
         assert type(got) is wire.Error and got.code == "protocol"
+        # A cluster standby's fields: its node name and the epoch it knows.
+        for node, epoch in (("n 1", 0), ("n" * 65, 0), ("x" * 100_000, 0), ("n/1", 0), ("n1", -1), ("n1", 2**63),
+                            (7, 0), ("n1", "3")):
+            got = answer(msgspec.msgpack.encode(["bounds", 10, None, -1, 0, 0, node, epoch]))
+            assert type(got) is wire.Error and got.code == "protocol", (node, epoch, got)
+        got = answer(wire.encode(wire.Bounds(11, None, -1, 0, 0, "n1", 0)))
+        assert type(got) is wire.Reply and got.data["epoch"] == 0  # not in a cluster: epoch 0
+        got = answer(wire.encode(wire.Bounds(11, None, -1, 0, 0, "n2", 0)))  # one session, one node
+        assert type(got) is wire.Error and got.code == "protocol" and "cannot change" in got.message
+        # Where an epoch ends: outside a cluster, the journal's end; bad arguments refused.
+        got = answer(wire.encode(wire.Admin(12, "epoch-end", {"epoch": 3})))
+        assert type(got) is wire.Reply and got.data == {"end": got.data["end"], "epoch": 0} and got.data["end"] >= 1
+        for args in ({"epoch": -1}, {"epoch": 2**63}, {"epoch": "1"}, {"epoch": 1, "x": 2}, {"epoch": [1] * 1000}):
+            got = answer(msgspec.msgpack.encode(["admin", 13, "epoch-end", args]))
+            assert type(got) is wire.Error and got.code == "protocol", (args, got)
         got = answer(wire.encode(wire.Bounds(9, None, 10**9, 200, 2**64 - 1)))  # waits 200 ms: nothing passes 10**9
         assert type(got) is wire.Reply and got.data["next_seq"] < 10**9
         with zq.connect(server.endpoint) as c:  # a position reported: it shows as a standby, and all goes on
             standbys = c.stats()["server"]["replication"]["standbys"]
             # (no further than the journal goes: a peer cannot claim records that were never written)
             assert [(s["name"], s["position"]) for s in standbys] == [("raw", got.data["next_seq"])]
+            assert standbys[0]["node"] == "n1" and standbys[0]["in_sync"] is None  # (no cluster: no in-sync set)
             assert c.publish("jobs", b"still serving") > 0
     finally:
         raw.close(0)

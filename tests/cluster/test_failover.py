@@ -17,6 +17,7 @@ import zmq
 
 import zq
 from zq import wire
+from zq.core.errors import ResumePointError
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 
@@ -44,6 +45,17 @@ def test_three_nodes_elect_one_leader_and_the_standbys_copy_it_in_sync(make_clus
         assert sorted(s["node"] for s in rep["standbys"]) == sorted(set(c.names) - {leader})
         assert all(s["in_sync"] and s["lag_ms"] is not None for s in rep["standbys"])
         assert c.state()["leader"] == leader and sorted(c.state()["isr"]) == sorted(c.names)
+    # `zq stats` says it under its table.
+    import subprocess
+    import sys
+
+    from tests.adapters.support import env
+
+    out = subprocess.run([sys.executable, "-m", "zq.cli", "stats", "-e", c.endpoints], env=env(), capture_output=True,
+                         text=True, timeout=60).stdout
+    assert f"cluster: leader {leader}, epoch {epoch}, in sync: {', '.join(sorted(c.names))}" in out, out
+    for n in set(c.names) - {leader}:
+        assert f"standby {n}: lag " in out and " ms" in out, out
     # A client given one standby's endpoint is sent to the leader.
     standby = next(n for n in c.names if n != leader)
     with zq.connect(c.endpoint(standby), connect_timeout=30) as client:
@@ -230,12 +242,17 @@ def test_a_deposed_leader_truncates_what_the_new_leader_never_had(make_cluster):
     for n in others:
         c.signal(n, signal.SIGSTOP)
     with zq.connect(c.endpoint(old), connect_timeout=30) as client:
-        client.publish_many("jobs", [b"lost %d" % i for i in range(50)])
+        lost_bookmarks = client.publish_many("jobs", [b"lost %d" % i for i in range(50)])
     c.kill(old)
     for n in others:
         c.signal(n, signal.SIGCONT)
     new, new_epoch = c.leader(other_than=old, epoch_above=epoch, timeout=30)
     with zq.connect(c.endpoints, connect_timeout=30) as client:
+        # A reader that had got to the end of the lost records is told where to resume.
+        with pytest.raises(ResumePointError, match=r"resume from (\d+)") as err:
+            client.replay("jobs", start=lost_bookmarks[-1] + 1)
+        resume = int(err.value.args[0].rpartition(" ")[2])
+        assert resume <= lost_bookmarks[0]  # where the new leader's epoch began (checked below)
         client.publish_many("jobs", [b"new %d" % i for i in range(30)])
     c.start(old)
     with zq.connect(c.endpoints, connect_timeout=30) as client:
@@ -247,7 +264,7 @@ def test_a_deposed_leader_truncates_what_the_new_leader_never_had(make_cluster):
     try:
         assert [m.payload for m in mine.read_messages(0)] == [m.payload for m in theirs.read_messages(0)]
         assert not any(m.payload.startswith(b"lost") for m in mine.read_messages(0))
-        assert replica.epochs(mine) == replica.epochs(theirs) and replica.epochs(mine)[-1][0] == new_epoch
+        assert replica.epochs(mine) == replica.epochs(theirs) and replica.epochs(mine)[-1] == (new_epoch, resume)
     finally:
         mine.close()
         theirs.close()
@@ -281,3 +298,20 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, bad, says):
     with pytest.raises(ConfigError) as err:
         Config.load(p)
     assert says in str(err.value)
+
+
+def test_the_loopback_cluster_example_shows_a_failover(zookeeper):
+    """examples/cluster_loopback.py, as a user runs it (on this session's ZooKeeper)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.adapters.support import env
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "examples" / "cluster_loopback.py"), "--jobs", "120",
+                           "--zookeeper", zookeeper.hosts], env=env(), capture_output=True, text=True, timeout=180,
+                          cwd=root)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "every confirmed job processed: True" in done.stdout, done.stdout
+    assert "leads epoch 2" in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr

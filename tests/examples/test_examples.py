@@ -51,7 +51,7 @@ def test_the_example_runs_and_shows_what_it_says(server, example, args, says):
 
 
 def test_every_example_is_tested_and_listed_in_the_readme():
-    tested = {c[0] for c in CASES} | {"spark_fleet.py"}
+    tested = {c[0] for c in CASES} | {"spark_fleet.py", "cluster_loopback.py"}  # (tests/spark, tests/cluster)
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh")}
     assert present == tested, f"untested or missing: {present ^ tested}"
     readme = (ROOT / "README.md").read_text()

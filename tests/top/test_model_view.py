@@ -128,3 +128,20 @@ def test_the_header_shows_standbys_and_what_confirmations_wait_for():
     assert "standbys: none connected   confirmations wait for 1" in frame_text(M.build("tcp://x", PREV, curr, 1000,
                                                                                       M.History()))
     assert "standbys" not in frame_text(M.build("tcp://x", PREV, CURR, 1000, M.History()))
+
+
+def test_the_header_shows_a_cluster_leaders_role_epoch_and_in_sync_set():
+    import copy
+
+    curr = copy.deepcopy(CURR)
+    curr["server"]["replication"] = {"replicas_ack": 1, "held_confirmations": 0, "standbys": [
+        {"name": "zq standby n2", "node": "n2", "position": 5, "lag_records": 3, "lag_ms": 1500, "in_sync": True,
+         "heard_ms_ago": 1},
+        {"name": "zq standby n3", "node": "n3", "position": 1, "lag_records": 7, "lag_ms": 9000, "in_sync": False,
+         "heard_ms_ago": 1}],
+        "cluster": {"role": "leader", "node": "n1", "epoch": 7, "isr": ["n1", "n2"], "serving": True}}
+    text = frame_text(M.build("tcp://x", PREV, curr, 1000, M.History()))
+    assert "cluster: leader n1  epoch 7   in sync: n1, n2" in text
+    assert "n2 lag 3 / 1.5s" in text and "n3 lag 7 / 9.0s (out of sync)" in text
+    curr["server"]["replication"]["cluster"]["serving"] = False
+    assert "NOT SERVING (fenced)" in frame_text(M.build("tcp://x", PREV, curr, 1000, M.History()))

@@ -373,9 +373,11 @@ def stats(
     if as_json:
         typer.echo(json.dumps(st, indent=2, default=str))
         return
-    from zq.cli.views import print_table, stats_rows
+    from zq.cli.views import print_table, replication_lines, stats_rows
 
     print_table(*stats_rows(st))
+    for line in replication_lines(st):
+        typer.echo(line)
 
 
 @app.command()

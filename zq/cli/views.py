@@ -173,3 +173,21 @@ def explain_text(doc: dict) -> str:
     elif "history" in doc:
         lines.append("history: no delivery events")
     return "\n".join(lines)
+
+
+def replication_lines(st: dict) -> list[str]:
+    """Under `zq stats`'s table: a cluster leader's role, epoch and in-sync set, and each
+    standby's lag in records and ms (nothing for a dispatcher without standbys)."""
+    rep = st.get("server", {}).get("replication") or {}
+    lines = []
+    c = rep.get("cluster")
+    if c:
+        lines.append(f"cluster: {c['role']} {c['node']}, epoch {c['epoch']}, in sync: {', '.join(c['isr'])}"
+                     + ("" if c.get("serving", True) else " (NOT SERVING: fenced)"))
+    for s in rep.get("standbys", []):
+        lag_ms = f" / {s['lag_ms']:,} ms" if s.get("lag_ms") is not None else ""
+        sync = "" if s.get("in_sync") in (None, True) else " (out of sync)"
+        lines.append(f"standby {s.get('node') or s['name']}: lag {s['lag_records']:,} records{lag_ms}{sync}")
+    if rep.get("replicas_ack"):
+        lines.append(f"confirmations wait for {rep['replicas_ack']} standby(s); held now: {rep.get('held_confirmations', 0)}")
+    return lines

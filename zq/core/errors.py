@@ -69,3 +69,11 @@ class NotLeaderError(ZqError):
     newer epoch); the message names the leader when it is known (``wire.leader_hint``)."""
 
     code = "not-leader"
+
+
+class ResumePointError(ZqError):
+    """A replay asked to start past the journal's end: a bookmark never written here, or
+    one a failover truncated (a deposed leader's unreplicated records). The message
+    names the bookmark to resume from."""
+
+    code = "resume-point"

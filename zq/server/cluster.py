@@ -129,8 +129,10 @@ class Node:
                         restart_at = time.monotonic() + 1.0  # a copy that stops is started again, once a second
                     else:
                         self.responder.follow("", None)
-                # Contend: the lock, then (in sync) the epoch.
-                if self.eligible(st) and not self.coord.suspended:
+                # Contend (while the leader's session lives, there is nothing to win): the
+                # lock, then, in sync, the epoch.
+                leader_alive = st is not None and st.leader in self.coord.alive and st.leader != self.cc.node
+                if self.eligible(st) and not self.coord.suspended and not leader_alive:
                     journal_epoch = self.journal_epoch(follower)
                     won = self.coord.try_lead(self.eligible, journal_epoch, wait_s=0.2)
                     if won is not None:

@@ -314,8 +314,11 @@ class Commands:
                 raise NotLeaderError(f"epoch {cmd.epoch} has a newer leader than this one ({self.cluster.epoch})")
             # Never past what exists: a peer cannot claim records that were not written.
             peer.replica_position = max(peer.replica_position, min(cmd.position, self.engine.next_seq))
-            peer.node = cmd.node
-            if self.cluster is not None and cmd.node:
+            if cmd.node:
+                if peer.node and peer.node != cmd.node:
+                    raise ProtocolError(f"this session is standby {peer.node!r}: its node name cannot change")
+                peer.node = cmd.node
+            if self.cluster is not None and peer.node:
                 self.cluster.standby_reported(peer, peer.replica_position, self.engine.next_seq, now)
         if cmd.wait_ms and cmd.at_ms is None and self.engine.next_seq <= cmd.after:
             if len(self.bounds_waiting) >= self.config.max_connections:

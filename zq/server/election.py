@@ -86,6 +86,7 @@ class Coordinator:
         self.on_change = on_change
         self.zk = KazooClient(hosts=hosts, timeout=self.session_timeout_s)
         self.state: ClusterState | None = None
+        self.alive: set[str] = set()  # the nodes with a live session (their member znodes)
         self.state_version = -1
         self.suspended = False
         self.lost = False  # the session expired: every lock and ephemeral node of ours is gone
@@ -115,6 +116,7 @@ class Coordinator:
             pass
         self.register()
         self.zk.DataWatch(f"{self.path}/state", self.state_changed)
+        self.zk.ChildrenWatch(f"{self.path}/nodes", self.members_changed)
         self.renewer = threading.Thread(target=self.renew_loop, name="zq-zookeeper-lease", daemon=True)
         self.renewer.start()
 
@@ -146,6 +148,10 @@ class Coordinator:
     def state_changed(self, data: bytes | None, stat) -> None:  # type: ignore[no-untyped-def]
         self.state = decode_state(data)
         self.state_version = stat.version if stat is not None else -1
+        self.on_change()
+
+    def members_changed(self, children: list[str]) -> None:
+        self.alive = set(children)
         self.on_change()
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ import msgspec
 from zq import wire
 from zq.core import limits
 from zq.core import records as R
-from zq.core.errors import LimitError, ProtocolError
+from zq.core.errors import LimitError, ProtocolError, ResumePointError
 from zq.core.regex import PatternError, compile_pattern
 from zq.core.expr import compile_filter
 
@@ -91,6 +91,10 @@ class Replayer:
             start = next_seq  # "now": only what is published from here on
         else:
             start = cmd.start
+            if start > next_seq:
+                raise ResumePointError(f"bookmark {start} is past this journal's end: it was never written here, or "
+                                       f"a failover truncated it (a deposed leader's records the new one never had); "
+                                       f"resume from {next_seq}")
         end = None if cmd.follow else next_seq
         if cmd.end is not None:
             end = cmd.end if end is None else min(end, cmd.end)

@@ -6,6 +6,7 @@ starts a system daemon listening on every interface)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -84,6 +85,9 @@ class ZooKeeper:
             socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
         except OSError:
             return False  # not listening yet (asked first: kazoo would log every refusal)
+        quiet = logging.getLogger("kazoo.client")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # "connection dropped" while it starts is expected here
         zk = KazooClient(hosts=self.hosts, timeout=2.0)
         try:
             zk.start(timeout=1.0)
@@ -92,6 +96,7 @@ class ZooKeeper:
         except Exception:  # noqa: BLE001 -- not up yet
             return False
         finally:
+            quiet.setLevel(level)
             try:
                 zk.stop()
                 zk.close()

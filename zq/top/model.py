@@ -76,6 +76,7 @@ class TopModel:
     tenants: list[TenantRow] = field(default_factory=list)
     replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys
     standbys: list[dict] = field(default_factory=list)  # [{name, position, lag_records, heard_ms_ago}]
+    cluster: dict | None = None  # an elected cluster's leader: {role, node, epoch, isr, serving, ...}
 
 
 def oldest_to_explain(m: TopModel) -> tuple[str, int] | None:
@@ -198,6 +199,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
         queues=queues, consumers=consumers, groups=groups, sort=sort, tenants=tenants,
         replicas_ack=srv.get("replication", {}).get("replicas_ack", 0),
         standbys=srv.get("replication", {}).get("standbys", []),
+        cluster=srv.get("replication", {}).get("cluster"),
     )
 
 

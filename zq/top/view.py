@@ -56,8 +56,17 @@ def header(m: TopModel) -> Panel:
         f"publishers {m.publishers}  workers {m.workers}"
     )
     lines = [line1, line2]
+    c = m.cluster
+    if c:
+        isr = ", ".join(str(n)[:24] for n in c.get("isr", [])[:8])
+        lines.append(Text(f"cluster: {c.get('role')} {str(c.get('node'))[:24]}  epoch {c.get('epoch')}   in sync: {isr}"
+                          + ("" if c.get("serving", True) else "   NOT SERVING (fenced)"),
+                          style=None if c.get("serving", True) else "bold red"))
     if m.standbys or m.replicas_ack:
-        copies = ", ".join(f"{s['name'][:24]} lag {s['lag_records']:,}" for s in m.standbys[:4]) or "none connected"
+        copies = ", ".join(f"{(s.get('node') or s['name'])[:24]} lag {s['lag_records']:,}"
+                           + (f" / {human_ms(s['lag_ms'])}" if s.get("lag_ms") is not None else "")
+                           + ("" if s.get("in_sync") in (None, True) else " (out of sync)")
+                           for s in m.standbys[:4]) or "none connected"
         lines.append(Text(f"standbys: {copies}" + (f"   confirmations wait for {m.replicas_ack}" if m.replicas_ack else ""),
                           style=None if len(m.standbys) >= m.replicas_ack else "bold red"))
     return Panel(Group(*lines), padding=(0, 1))
