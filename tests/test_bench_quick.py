@@ -10,7 +10,7 @@ from bench.__main__ import main
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
                                       "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
-                                      "build", "engine-vs", "reclaim", "replication"])
+                                      "build", "engine-vs", "reclaim", "replication", "failover", "faults"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys, monkeypatch):
     if scenario == "engine-vs":
         monkeypatch.setenv("ZQ_PURE", "1")  # HEAD's copy installs interpreted: no minute of mypyc in the suite
@@ -18,6 +18,16 @@ def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
         if missing:
             pytest.skip(f"peer servers not installed: {missing} (apt-get install redis-server nats-server rabbitmq-server)")
+    if scenario in ("failover", "faults"):
+        import os
+
+        from zq.testing.zookeeper import missing
+
+        why = missing()
+        if why and os.environ.get("ZQ_REQUIRE_ZOOKEEPER"):
+            pytest.fail(f"ZooKeeper is required here (ZQ_REQUIRE_ZOOKEEPER) but {why}")
+        if why:
+            pytest.skip(f"no ZooKeeper here: {why}")
     check_quick_run(scenario, tmp_path, capsys)
 
 
@@ -46,6 +56,13 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             assert row["speedup"] > 0, row
         if scenario == "reclaim" and row["case"] == "reclaimable":
             assert row["given_back"] > 0, row  # the idle worker took what the stuck one had not started
+        if scenario in ("failover", "faults"):
+            # the checker's counts: nothing confirmed was lost, no group out of order
+            assert row["confirmed"] > 0 and row["lost"] == 0 and row["group_order_breaks"] == 0, row
+            if scenario == "failover":
+                assert row["kills"] == 2 and row["failover_ms"]["p50"] > 0, row
+            else:
+                assert sum(row[k] for k in ("leader_killed", "leader_paused", "standby_killed")) == 3, row
         if scenario == "engine-vs" and "ratio" in row:
             assert row["ratio"] > 0 and row["this_tree_msgs_per_s"] > 0, row
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]

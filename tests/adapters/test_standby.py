@@ -350,3 +350,9 @@ def test_zq_connect_is_sent_on_by_a_standby_and_a_bad_hint_is_not_followed(tmp_p
     assert ring.current == "tcp://c:3"
     ring.failed()  # ... and if the leader it named does not serve, the list goes on
     assert ring.current == "tcp://b:2"
+    ring.redirect("standby; leader: tcp://a:1")  # a leader in the list, followed, served...
+    ring.failed()
+    assert ring.current == "tcp://a:1" and not ring.stale(1)
+    ring.failed()  # ... then died: not straight back to it
+    assert ring.current == "tcp://b:2"
+    assert ring.stale(0) and not ring.stale(2)  # a session of an older epoch than one seen is dropped

@@ -110,6 +110,7 @@ def serve(
     leads when ZooKeeper elects it and is a standby of the leader until then."""
     from zq.server import Server
 
+    log_with_time()
     cfg = load_config(config, data, bind, durability)
     if metrics:
         cfg = msgspec.structs.replace(cfg, metrics=metrics)
@@ -139,6 +140,15 @@ def serve(
         typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()
     typer.echo("zq stopped cleanly", err=True)
+
+
+def log_with_time() -> None:
+    """The dispatcher's warnings on stderr, each with its time (what an operator lines
+    up against clients' logs after a failover)."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S")
 
 
 def serve_node(cfg) -> None:  # type: ignore[no-untyped-def]

@@ -53,11 +53,13 @@ from zq.client.session import (
     Outgoing,
     bookmark_arg,
     check_endpoint,
+    close_session_socket,
     delay_fields,
     drain_frames,
     duration_arg,
     encode_command,
     error_from,
+    session_dropped,
     open_session_socket,
     publish_chunks,
     send_settles,
@@ -507,7 +509,7 @@ class Client:
             while not self.closed:
                 sock = self._open_socket()
                 lost = self._serve(sock)
-                sock.close(0)
+                close_session_socket(sock)
                 sock = None
                 if self.closed or not lost:
                     break
@@ -519,7 +521,7 @@ class Client:
             self._broken = exc
         finally:
             if sock is not None:
-                sock.close(0)
+                close_session_socket(sock)
             if self._broken is not None:
                 self._fail_all(ConnectionLost(f"this client's I/O thread failed ({self._broken!r})"))
             else:
@@ -562,6 +564,9 @@ class Client:
             if now - last_sent >= hb / 1000:
                 sock.send(wire.HEARTBEAT_FRAME)
                 last_sent = now
+            if session_dropped(sock):
+                log.warning("zq dispatcher at %s: connection dropped: reconnecting", self.endpoint)
+                return True
             if now - last_heard > hb * self.liveness / 1000:
                 if self._welcome.done():  # a session we had went silent: worth a word
                     log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)

@@ -32,10 +32,12 @@ from zq.client.session import (
     ConnectionLost,
     Endpoints,
     check_target,
+    close_session_socket,
     delay_fields,
     error_from,
     open_session,
     publish_chunks,
+    session_dropped,
     wire_item,
 )
 from zq.core import limits
@@ -103,7 +105,7 @@ class Publisher:
                 sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
             except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
                 pass
-            sock.close(linger=500)
+            close_session_socket(sock, linger=500)
 
     def __enter__(self) -> Publisher:
         return self
@@ -172,7 +174,7 @@ class Publisher:
             now = time.monotonic()
             if now >= deadline:
                 raise _SessionLost
-            if now - silent_since > 3 * hb:
+            if now - silent_since > 3 * hb or session_dropped(sock):
                 raise _SessionLost
             if now - self._last_sent >= hb / 2:
                 sock.send(wire.encode(wire.Heartbeat()))
@@ -196,7 +198,7 @@ class Publisher:
 
     def _try_session(self, timeout: float) -> bool:
         if self._sock is not None:
-            self._sock.close(0)
+            close_session_socket(self._sock)
         sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1

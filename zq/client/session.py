@@ -67,8 +67,38 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
     sock.setsockopt(zmq.LINGER, 2000)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(endpoint)
+    sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # read by session_dropped
     sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
     return sock
+
+
+def session_dropped(sock: object) -> bool:
+    """Did the connection under this session drop? A dispatcher whose process died
+    closed it (its kernel did): waiting out the heartbeats would only delay moving to
+    the next endpoint. A new connection would be a new session anyway (the dispatcher
+    knows its peers by connection), so a drop ends the session either way."""
+    mon = getattr(sock, "_monitor_socket", None)
+    if mon is None:
+        return False  # an in-process link
+    dropped = False
+    while True:
+        try:
+            mon.recv_multipart(NOBLOCK)
+        except zmq.Again:
+            return dropped
+        dropped = True  # (only EVENT_DISCONNECTED is watched)
+
+
+def close_session_socket(sock: object, linger: int = 0) -> None:
+    """Close a session's socket and the monitor ``open_session_socket`` gave it."""
+    mon = getattr(sock, "_monitor_socket", None)
+    if mon is not None:
+        try:
+            sock.disable_monitor()  # type: ignore[attr-defined]
+        except zmq.ZMQError:
+            pass
+        mon.close(0)
+    sock.close(linger)  # type: ignore[attr-defined]
 
 
 def open_session(target: object, ctx: zmq.Context, name: str,
@@ -268,6 +298,7 @@ class Endpoints:
                         self.current, epoch, self.epoch)
             return True
         self.epoch = epoch
+        self.hint_fresh = False  # the leader it named served: when it fails, move on from it
         return False
 
     @property
@@ -284,9 +315,12 @@ class Endpoints:
         """The current endpoint did not serve (silence, a lost session, a refusal): move on."""
         if self.hint_fresh:
             self.hint_fresh = False  # (a redirect just now: go where it said)
-        elif self.hint is not None:
-            self.hint = None
-        else:
+            return
+        gone = self.current
+        if self.hint is None:
+            self.i = (self.i + 1) % len(self.all)
+        self.hint = None  # back to the list where it was, but never straight back to what failed
+        if self.all[self.i] == gone:  # (the leader a hint named is in the list too)
             self.i = (self.i + 1) % len(self.all)
 
 

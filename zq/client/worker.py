@@ -51,9 +51,11 @@ from zq.client.session import (
     Endpoints,
     check_target,
     error_from,
+    close_session_socket,
     open_session,
     results_by_bookmark,
     send_settles,
+    session_dropped,
 )
 from zq.core.errors import ZqError
 from zq.keys import client_curve
@@ -193,7 +195,7 @@ class Worker(MessageStream):
             sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
         except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
             pass
-        sock.close(linger=2000)
+        close_session_socket(sock, linger=2000)
 
     def __enter__(self) -> Worker:
         return self
@@ -259,7 +261,7 @@ class Worker(MessageStream):
 
     def _open_session(self) -> None:
         if self._sock is not None:
-            self._sock.close(0)
+            close_session_socket(self._sock)
         sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1
@@ -316,9 +318,9 @@ class Worker(MessageStream):
                     self._endpoints.failed()
                     self._open_session()
                     return
-        if time.monotonic() - self._last_heard > hb * self.liveness:
-            log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self._endpoints.current,
-                        time.monotonic() - self._last_heard)
+        if time.monotonic() - self._last_heard > hb * self.liveness or session_dropped(sock):
+            log.warning("zq dispatcher at %s lost (silent for %.1fs, or its connection dropped): reconnecting",
+                        self._endpoints.current, time.monotonic() - self._last_heard)
             self._endpoints.failed()
             self._open_session()
 

@@ -100,7 +100,7 @@ class Node:
         self.role = "standby"
         if self.responder is None:
             self.responder = NotLeader(self.config.bind, "", self.ctx, router=open_router(self.config, self.ctx),
-                                       wait_for_leader=True)
+                                       wait_for_leader=True, heartbeat_ms=self.config.heartbeat_ms)
         follower: Standby | None = None
         restart_at = 0.0
         target = ("", 0)
@@ -192,12 +192,13 @@ class Node:
                     self.cc.node, first)
         duty = LeaderDuty(self.coord, state, self.config, wall_ms())
         responder, self.responder = self.responder, None
-        router = responder.hand_over() if responder is not None else None
+        router, waiting = responder.hand_over() if responder is not None else (None, [])
         try:
             server = Server(self.config, context=self.ctx, cluster=duty, router=router)
         except ZqError:
             self.coord.release()
             raise
+        server.adopt(waiting)  # what clients sent during the election: answered as if just arrived
         self.server = server
         self.role = "leader"
 

@@ -175,6 +175,16 @@ class Server(Commands, Stats):
         except OSError:
             pass
 
+    def adopt(self, frames: list[tuple[bytes, bytes, str | None]]) -> None:
+        """Frames that reached this socket before this dispatcher served it (a cluster
+        node's, kept during its election), handled in order before anything else; their
+        answers go out after the first commit, as every answer does."""
+        now = wall_ms()
+        with self.lock:
+            for peer_id, body, user in frames:
+                self.frames_in += 1
+                self.receive(peer_id, body, now, user)
+
     def wake(self) -> None:
         """Have the loop look again now (thread-safe)."""
         try:

@@ -72,18 +72,32 @@ class StandbyState:
         return max(0, self.leader_next - self.position)
 
 
+HELD_FRAMES_MAX = 10_000  # frames a cluster standby keeps while no leader is known (beyond: dropped)
+
+
+def key_of(frame: zmq.Frame) -> str | None:
+    """The client's CurveZMQ key as ZAP named it (None without security)."""
+    try:
+        key = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return key if isinstance(key, str) else None
+
+
 class NotLeader:
     """A standby's answer to clients on its own endpoint: it does not serve, the leader
     does (ERROR ``not-leader`` naming it; clients with several endpoints move there).
     A thread with its own ROUTER socket; heartbeats are not answered.
 
     In an elected cluster (``wait_for_leader``) it names a leader only while it can
-    vouch for it (its copy heard from it within two heartbeats); otherwise it reads
-    nothing, and what clients send waits in the socket: for the leader to be known, or
-    for this node to win and hand the socket, HELLOs and all, to its dispatcher."""
+    vouch for it (its copy heard from it within two heartbeats). Otherwise (the leader
+    just died, an election is under way) it keeps what clients send, in order, and
+    sends them heartbeats so that they wait: for a leader to be named to them, or for
+    this node to win and hand the socket and the frames kept to its dispatcher, which
+    answers them as if they had just arrived (``hand_over``)."""
 
     def __init__(self, binds: list[str], leader: str, context: zmq.Context | None = None, *,
-                 router: Router | None = None, wait_for_leader: bool = False) -> None:
+                 router: Router | None = None, wait_for_leader: bool = False, heartbeat_ms: int = 1000) -> None:
         self.ctx = context or zmq.Context.instance()
         if router is None:
             sock = self.ctx.socket(zmq.ROUTER)
@@ -101,6 +115,9 @@ class NotLeader:
         self.leader = leader
         self.copy: StandbyState | None = None  # the standby whose word vouches for the leader
         self.wait_for_leader = wait_for_leader
+        self.heartbeat_s = heartbeat_ms / 1000
+        self.held: list[tuple[bytes, bytes, str | None]] = []  # (peer, frame, its key) kept while no leader is vouched for
+        self.dropped = 0  # frames not kept (over HELD_FRAMES_MAX)
         self.stopping = threading.Event()
         self.answered = 0
         self.thread = threading.Thread(target=self.run, name="zq-standby-not-leader", daemon=True)
@@ -118,41 +135,62 @@ class NotLeader:
             time.monotonic() - copy.heard_at < 2 * copy.leader_heartbeat_s
 
     def run(self) -> None:
+        next_beat = 0.0
         while not self.stopping.is_set():
-            if not self.vouched():
-                self.stopping.wait(0.02)
-                continue
-            if not self.sock.poll(50):
+            vouched = self.vouched()
+            if vouched and self.held:
+                held, self.held = self.held, []
+                for peer, frame, _ in held:
+                    self.answer(peer, frame)
+            elif not vouched and self.held and time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.heartbeat_s / 2
+                for peer in {p for p, _, _ in self.held}:  # keep them waiting: a leader is coming
+                    self.send(peer, wire.HEARTBEAT_FRAME)
+            if not self.sock.poll(20 if not vouched else 50):
                 continue
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 continue
             if len(frames) != 2:
                 continue
-            try:
-                cmd = wire.client_decoder.decode(frames[1])
-            except msgspec.MsgspecError:
-                cmd = None
-            if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
-                continue
-            text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{self.leader}"
-            try:
-                self.sock.send_multipart([frames[0], wire.encode(wire.Error(getattr(cmd, "req", 0) or 0,
-                                                                            wire.NOT_LEADER, text))],
-                                         zmq.NOBLOCK)
-                self.answered += 1
-            except zmq.ZMQError:
-                pass  # gone, or not reading: nothing to tell it
+            peer, body = frames[0].bytes, frames[1].bytes
+            if vouched:
+                self.answer(peer, body)
+            elif len(self.held) < HELD_FRAMES_MAX:
+                self.held.append((peer, body, key_of(frames[1])))
+            else:
+                self.dropped += 1
 
-    def hand_over(self) -> Router:
-        """Stop answering and give the socket (with what waits in it) to the caller."""
+    def answer(self, peer: bytes, frame: bytes) -> None:
+        try:
+            cmd = wire.client_decoder.decode(frame)
+        except msgspec.MsgspecError:
+            cmd = None
+        if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
+            return
+        text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{self.leader}"
+        if self.send(peer, wire.encode(wire.Error(getattr(cmd, "req", 0) or 0, wire.NOT_LEADER, text))):
+            self.answered += 1
+
+    def send(self, peer: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # gone, or not reading: nothing to tell it (and nothing more to keep)
+            self.held = [h for h in self.held if h[0] != peer]
+            return False
+
+    def hand_over(self) -> tuple[Router, list[tuple[bytes, bytes, str | None]]]:
+        """Stop answering; give the socket (with what waits in it) and the frames kept,
+        in the order they came, to the caller."""
         self.stopping.set()
         self.thread.join(5)
-        return self.router
+        held, self.held = self.held, []
+        return self.router, held
 
     def close(self) -> None:
-        self.hand_over().close()
+        self.hand_over()[0].close()
 
 
 class Standby:
@@ -275,6 +313,9 @@ class Standby:
         apply_client_curve(sock, self.curve)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)
+        # A leader whose process died closed the connection: know it now, not after a
+        # request's timeout (in a cluster, this node then stops naming it to clients).
+        sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, f"zq standby {self.node}".strip())))
         self.sock = sock
         welcome = self.expect(lambda m: type(m) is wire.Welcome)
@@ -324,9 +365,18 @@ class Standby:
     def expect(self, wanted):  # type: ignore[no-untyped-def]
         assert self.sock is not None
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        poller = zmq.Poller()  # the socket, and its monitor: a dropped connection is known at once
+        poller.register(self.sock, zmq.POLLIN)
+        mon = getattr(self.sock, "_monitor_socket", None)
+        if mon is not None:
+            poller.register(mon, zmq.POLLIN)
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(min(left, 0.1) * 1000)):
+            ready = dict(poller.poll(int(min(left, 0.1) * 1000))) if left > 0 else {}
+            if self.dropped():
+                self.state.connected = False
+                raise TimeoutError("its connection dropped")
+            if self.sock not in ready:
                 if left <= 0 or self.stopping.is_set():
                     raise TimeoutError("no answer")
                 continue
@@ -339,8 +389,22 @@ class Standby:
                 return msg
             # heartbeats and anything else: the session is alive
 
+    def dropped(self) -> bool:
+        mon = getattr(self.sock, "_monitor_socket", None)
+        if mon is None:
+            return False
+        try:
+            mon.recv_multipart(zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
     def reset(self) -> None:
         if self.sock is not None:
+            mon = getattr(self.sock, "_monitor_socket", None)
+            if mon is not None:
+                self.sock.disable_monitor()
+                mon.close(0)
             self.sock.close(0)
             self.sock = None
 

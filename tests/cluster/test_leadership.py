@@ -1,0 +1,99 @@
+"""The leader's duties, step by step (zq.server.leadership): which standbys are in sync,
+what a replicated confirmation waits for, when the leader may serve. ZooKeeper's side
+is a recorder here (``Recorder``: it takes the compare-and-sets and answers them when
+the test says); the real one is exercised in test_failover.py."""
+
+from __future__ import annotations
+
+from zq.server.config import Config
+from zq.server.election import ClusterState
+from zq.server.leadership import LeaderDuty
+from zq.server.sessions import Peer
+
+
+class Recorder:
+    """What LeaderDuty asks of ZooKeeper, answered by the test."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[list[str], int, object]] = []
+        self.lease = True
+        self.state: ClusterState | None = None
+
+    def serving(self) -> bool:
+        return self.lease
+
+    def set_isr(self, isr, epoch, done) -> None:  # type: ignore[no-untyped-def]
+        self.asked.append((isr, epoch, done))
+
+    def answer(self, ok: bool) -> list[str]:
+        isr, _, done = self.asked.pop(0)
+        done(ok)
+        return isr
+
+
+def duty(replicas_ack: int = 1, min_insync: int = 0, isr=("n1", "n2", "n3")) -> tuple[LeaderDuty, Recorder]:
+    cfg = Config.from_dict({"cluster": {"zookeeper": "127.0.0.1:2181", "node": "n1", "replicas_ack": replicas_ack,
+                                        "min_insync": min_insync, "replica_lag": "3s"}})
+    rec = Recorder()
+    d = LeaderDuty(rec, ClusterState(epoch=4, leader="n1", endpoint="tcp://x:1", isr=list(isr)), cfg, 1_000)  # type: ignore[arg-type]
+    return d, rec
+
+
+def standby(node: str, position: int) -> Peer:
+    p = Peer(node.encode(), f"zq standby {node}", 0, replica_position=position)
+    p.node = node
+    return p
+
+
+def test_a_confirmation_waits_for_every_in_sync_standby_not_just_the_first():
+    d, _ = duty(replicas_ack=1)
+    peers = {b"2": standby("n2", 90), b"3": standby("n3", 40)}
+    assert d.replicated_upto(peers, 100) == 40  # n3 is in sync: whoever takes over must have it
+    del peers[b"3"]
+    assert d.replicated_upto(peers, 100) == 0  # in sync but not connected: wait (until it is dropped)
+
+
+def test_too_few_in_sync_standbys_hold_every_confirmation():
+    d, _ = duty(replicas_ack=1, min_insync=2, isr=("n1", "n2"))
+    assert d.replicated_upto({b"2": standby("n2", 100)}, 100) == 0  # one in sync, two needed
+    d2, _ = duty(replicas_ack=0, min_insync=2, isr=("n1",))
+    assert d2.need == 0  # replicas_ack = 0: nothing waits (min_insync applies with replicas_ack)
+
+
+def test_a_lagging_standby_leaves_the_set_by_compare_and_set_before_confirmations_go_without_it():
+    d, rec = duty()
+    peers = {b"2": standby("n2", 100), b"3": standby("n3", 10)}
+    d.standby_reported(peers[b"2"], 100, 100, 1_000)
+    d.tick(peers, 2_000)
+    assert rec.asked == []  # within replica_lag (3 s) of taking over: both stay
+    d.standby_reported(peers[b"2"], 100, 100, 4_500)
+    d.tick(peers, 4_500)
+    assert [a[0] for a in rec.asked] == [["n1", "n2"]]  # n3 has not caught up for 3.5 s
+    assert d.replicated_upto(peers, 100) == 10  # not yet written: still waited for
+    d.tick(peers, 4_700)
+    assert len(rec.asked) == 1  # one change at a time
+    rec.answer(True)
+    assert d.isr == {"n1", "n2"} and d.replicated_upto(peers, 100) == 100
+
+
+def test_a_standby_that_caught_up_joins_and_a_refused_change_with_a_newer_epoch_deposes():
+    d, rec = duty(isr=("n1",))
+    p = standby("n2", 0)
+    d.standby_reported(p, 0, 50, 1_000)  # its first report: the journal was at 50
+    d.tick({b"2": p}, 1_000)
+    assert rec.asked and rec.asked[-1][0] == ["n1", "n2"]  # 0 >= 0 (its previous end): caught up
+    rec.state = ClusterState(epoch=5, leader="n3")
+    rec.answer(False)  # the compare-and-set failed: someone else wrote the state
+    assert d.deposed and not d.serving() and d.isr == {"n1"}
+
+
+def test_the_leader_serves_only_with_its_lease_and_undeposed():
+    d, rec = duty()
+    assert d.serving()
+    rec.lease = False
+    assert not d.serving()
+    rec.lease = True
+    d.deposed = True
+    assert not d.serving()
+    st = d.stats({}, 5_000)
+    assert st["role"] == "leader" and st["epoch"] == 4 and st["serving"] is False and st["isr"] == ["n1", "n2", "n3"]
