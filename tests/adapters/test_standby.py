@@ -122,9 +122,10 @@ def test_a_standby_waits_for_its_leader_and_then_catches_up(tmp_path):
     assert "Traceback" not in err
 
 
-def test_a_standby_left_behind_by_retention_says_so(tmp_path):
+def test_a_standby_left_behind_by_retention_starts_over_from_a_snapshot(tmp_path):
     """Copy some, then the leader goes on, acknowledges everything and its retention
-    deletes records the standby never copied: the standby cannot go on, and says why."""
+    deletes records the standby never copied: records cannot bring it back, so it copies
+    the leader's whole journal (a snapshot), installs it, and goes on from there."""
     leader = ServerProcess(tmp_path).start()
     copy_dir = tmp_path / "copy"
     with zq.connect(leader.endpoint) as c:
@@ -145,15 +146,82 @@ def test_a_standby_left_behind_by_retention_says_so(tmp_path):
         j.close()
     leader.start()
     try:
+        with zq.connect(leader.endpoint) as c:
+            kept = c.publish_many("jobs", [b"kept %d" % i for i in range(30)])
+            end = c.bounds()["next_seq"]
         again = Standby(leader.endpoint, str(copy_dir))
         assert again.state.position == at
-        with pytest.raises(StandbyError, match="cannot catch up"):
-            again.run(rounds=1)
-        done = subprocess.run([sys.executable, "-m", "zq.cli", "standby", leader.endpoint, "--data", str(copy_dir)],
-                              env=env(), capture_output=True, text=True, timeout=60)
-        assert done.returncode != 0 and "cannot catch up" in done.stderr and "Traceback" not in done.stderr
+        again.run(rounds=3)  # the gap, the snapshot installed, then on from its end
+        assert again.state.snapshots == 1 and again.state.position == end
+        copy = LmdbJournal(str(copy_dir), readonly=True)
+        try:
+            assert [m.seq for m in copy.read_messages(0)][-30:] == kept and copy.next_seq() == end
+            assert replica.position(copy) == end and copy.find_id("jobs", "nope") is None
+        finally:
+            copy.close()
+        assert not (tmp_path / "journal" / "snapshots").exists() or not any((tmp_path / "journal" / "snapshots").iterdir())
+        # The command does the same (here: nothing left behind any more, it just goes on).
+        follower = start_standby(leader.endpoint, copy_dir)
+        try:
+            with zq.connect(leader.endpoint) as c:
+                c.publish("jobs", b"one more")
+            wait_until(lambda: caught_up(leader.endpoint, copy_dir), timeout=30, interval=0.1, what="caught up")
+        finally:
+            err = stop(follower)
+        assert "Traceback" not in err, err
     finally:
         assert "Traceback" not in leader.terminate()
+
+
+def test_snapshot_requests_from_a_hostile_peer_get_clear_answers(tmp_path):
+    import msgspec
+
+    from zq import wire
+
+    from .support import raw_dealer
+
+    server = ServerProcess(tmp_path).start()
+    raw = raw_dealer(server.endpoint)
+    try:
+        raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "raw")))
+
+        def answer(args: dict, op: str = "snapshot-read"):  # type: ignore[no-untyped-def]
+            raw.send(msgspec.msgpack.encode(["admin", 1, op, args]))
+            while True:
+                msg = wire.server_decoder.decode(raw.recv())
+                if type(msg) in (wire.Reply, wire.Error):
+                    return msg
+
+        for op, args in (("snapshot-read", {"id": 1, "offset": 0, "size": 10}), ("snapshot-status", {"id": 99}),
+                         ("snapshot-read", {"id": -1}), ("snapshot-read", {"id": 2**64 - 1}),
+                         ("snapshot-status", {"id": "1"}), ("snapshot-begin", {"x": 1})):
+            got = answer(args, op)
+            assert type(got) is wire.Error and got.code == "protocol", (op, args, got)
+        snap = answer({}, "snapshot-begin")
+        assert type(snap) is wire.Reply and snap.data["id"] >= 1
+        sid = snap.data["id"]
+        wait_until(lambda: answer({"id": sid}, "snapshot-status").data["ready"], timeout=20, what="snapshot ready")
+        size = answer({"id": sid}, "snapshot-status").data["size"]
+        for args in ({"id": sid, "offset": -1, "size": 10}, {"id": sid, "offset": size + 1, "size": 10},
+                     {"id": sid, "offset": 0, "size": 0}, {"id": sid, "offset": 0, "size": 5 << 20},
+                     {"id": sid, "offset": 2**63, "size": 1}):
+            got = answer(args)
+            assert type(got) is wire.Error and got.code == "protocol", (args, got)
+        # Another session cannot read it; a third snapshot at once is refused.
+        with zq.connect(server.endpoint) as c:
+            from zq.core.errors import ProtocolError
+
+            with pytest.raises(ProtocolError, match="no snapshot"):
+                c.admin("snapshot-status", id=sid)
+        assert type(answer({}, "snapshot-begin")) is wire.Reply
+        third = answer({}, "snapshot-begin")
+        assert type(third) is wire.Error and third.code == "limit"
+        head = answer({"id": sid, "offset": 0, "size": 4096})
+        assert type(head) is wire.Reply and len(head.data) == min(4096, size)
+    finally:
+        raw.close(0)  # its snapshots go with its session
+        assert "Traceback" not in server.terminate()
+    assert not any((tmp_path / "journal" / "snapshots").iterdir())
 
 
 def test_bad_standby_arguments_are_usage_errors(tmp_path):

@@ -22,6 +22,7 @@ from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.config import QueueSection, queue_settings
 from zq.server.sessions import Peer, holder_name, sub_key
+from zq.server.snapshots import Snapshots
 
 
 class AdminHost(Protocol):
@@ -35,6 +36,8 @@ class AdminHost(Protocol):
 
     @property
     def epoch(self) -> int: ...
+
+    snapshots: Snapshots
 
 
 class Bulk(NamedTuple):
@@ -217,6 +220,28 @@ def epoch_end(server: AdminHost, peer: Peer, a: EpochEndArgs, now: int) -> dict:
             "epoch": server.epoch}
 
 
+class SnapshotArgs(Args):
+    id: int = 0
+    offset: int = 0
+    size: int = 0
+
+
+def snapshot_begin(server: AdminHost, peer: Peer, a: SnapshotArgs, now: int) -> dict:
+    """A standby too far behind for records: start a copy of the whole journal
+    (``zq.server.snapshots``); poll ``snapshot-status``, then ``snapshot-read`` it."""
+    snap = server.snapshots.begin(peer.peer_id, now)
+    return {"id": snap.id, "next_seq": snap.next_seq}
+
+
+def snapshot_status(server: AdminHost, peer: Peer, a: SnapshotArgs, now: int) -> dict:
+    snap = server.snapshots.get(a.id, peer.peer_id)
+    return {"ready": snap.ready, "size": snap.size, "error": snap.error}
+
+
+def snapshot_read(server: AdminHost, peer: Peer, a: SnapshotArgs, now: int) -> bytes:
+    return server.snapshots.read(a.id, peer.peer_id, a.offset, a.size)
+
+
 OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "replace": (ReplaceArgs, replace),
     "ack-filter": (AckFilterArgs, ack_filter),
@@ -229,6 +254,9 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "explain": (ExplainArgs, explain),
     "journal-tables": (TablesArgs, journal_tables),
     "epoch-end": (EpochEndArgs, epoch_end),
+    "snapshot-begin": (SnapshotArgs, snapshot_begin),
+    "snapshot-status": (SnapshotArgs, snapshot_status),
+    "snapshot-read": (SnapshotArgs, snapshot_read),
 }
 
 

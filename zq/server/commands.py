@@ -36,6 +36,7 @@ from zq.server.replay import Replayer
 from zq.server.security import Rights, Security
 from zq.server.security import check as check_rights
 from zq.server.sessions import Peer, check_sub_id, sub_key
+from zq.server.snapshots import Snapshots
 
 if TYPE_CHECKING:
     from zq.server.leadership import LeaderDuty
@@ -92,6 +93,7 @@ class Commands:
     journal_down: str | None
     internal_errors: int
     cluster: LeaderDuty | None
+    snapshots: Snapshots
 
     if TYPE_CHECKING:  # the loop's methods that handlers use (only declared: the MRO must find the loop's)
         def reply(self, peer_id: bytes, msg: object, durable: bool = False) -> None: ...

@@ -43,6 +43,7 @@ from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
 from zq.server.security import Rights, Security
 from zq.server.sessions import Peer, sub_key, wall_ms
+from zq.server.snapshots import Snapshots
 from zq.server.stats import Stats
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class Server(Commands, Stats):
         self.bounds_waiting: list[tuple[bytes, int, int, int, int]] = []  # ... and the tables' version then
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
+        self.snapshots = Snapshots(self.journal)  # whole-journal copies for standbys left behind
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers, requests_max=config.max_range_requests)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         if self.security is not None:
@@ -221,6 +223,7 @@ class Server(Commands, Stats):
             self.metrics.shutdown()
         self.router.close(linger_ms=500)
         self.ranges.close()  # before the journal: the reader thread uses it
+        self.snapshots.close()  # (so do copies under way)
         self.journal.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
@@ -698,12 +701,15 @@ class Server(Commands, Stats):
             for sub in peer.subs:
                 self.claims.pop(sub_key(peer, sub), None)
             self.replayer.drop_peer(peer_id)
+            if self.snapshots.open:
+                self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)
 
     # ----------------------------------------------------------- upkeep
 
     def retention(self, now: int) -> None:
         self.next_retention_ms = now + RETENTION_INTERVAL_MS
+        self.snapshots.expire(now)
         try:
             self.journal.trim(self.engine.min_recovery_point(), now - self.config.retention_ms)
             self.journal.reader_check()

@@ -21,14 +21,16 @@ A standby is promoted by hand: stop it, start ``zq serve`` on its directory (it
 recovers as the leader would have, from the same records); ``NotLeader`` meanwhile
 tells clients on its endpoint where the leader is. Plainly, what it does not do: without
 ``replicas_ack`` whatever the leader committed after the standby's last round is not
-here (the lag, in stats); a standby whose position the leader's retention has passed
-cannot go on (it stops and says so: start it again from a copy of the leader's journal);
-no election, no fencing of a leader that comes back.
+here (the lag, in stats); no election, no fencing of a leader that comes back (an elected
+cluster, ``zq.server.cluster``, does both). A standby whose position the leader's
+retention has passed starts over from a snapshot of the leader's journal
+(``start_over``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +48,8 @@ from zq.wire.records import array_header_size
 
 log = logging.getLogger("zq.standby")
 
+SNAPSHOT_WAIT_S = 600.0  # for the leader to copy its journal
+SNAPSHOT_CHUNK = 4 << 20  # bytes asked for per snapshot-read (the leader's limit)
 REQUEST_TIMEOUT_S = 30.0  # a leader that answers nothing in this long is treated as gone
 BOUNDS_WAIT_MS = 1000  # caught up: how long the leader may hold a BOUNDS before answering that nothing came
 
@@ -65,6 +69,7 @@ class StandbyState:
     heard_at: float = 0.0  # monotonic time of the leader's last frame
     leader_heartbeat_s: float = 1.0  # the leader's heartbeat interval (its WELCOME)
     truncated: int = 0  # records deleted on joining a newer leader (what the old one wrote past it)
+    snapshots: int = 0  # times this copy started over from the leader's snapshot (left behind by retention)
     error: str = ""
 
     @property
@@ -267,8 +272,8 @@ class Standby:
         # records than bookmarks lost some: the leader's retention deleted them before this
         # standby copied them. (A new standby starts wherever the leader's journal does.)
         if start and len(msgs) + len(events) != upto - start:
-            raise StandbyError(f"the leader's retention deleted records this standby had not copied (it is at "
-                               f"{start}): it cannot catch up; start it again from a copy of the leader's journal")
+            self.start_over(start)
+            return 0
         self.store(msgs, events, upto, tables_version)
         st.position = upto
         st.records += len(msgs) + len(events)
@@ -290,6 +295,55 @@ class Standby:
         if "epochs" in tables:
             self.last_epoch = max([self.last_epoch] + [e for e, _ in tables["epochs"]])
         self.tables_seen = tables_version
+
+    def start_over(self, at: int) -> None:
+        """The leader's retention deleted records this copy never had (it is at ``at``):
+        records cannot bring it back. Copy the leader's whole journal instead (a
+        snapshot, ``zq.server.snapshots``), install it as this journal and go on from
+        its end."""
+        log.warning("standby: the leader's retention deleted records this copy never had (it is at %d): "
+                    "starting over from a snapshot of the leader's journal", at)
+        snap = self.request(lambda req: wire.Admin(req, "snapshot-begin", {}))
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        while True:
+            status = self.request(lambda req: wire.Admin(req, "snapshot-status", {"id": snap["id"]}))
+            if status["error"]:
+                raise StandbyError(f"the leader could not make a snapshot: {status['error']}")
+            if status["ready"]:
+                break
+            if time.monotonic() > deadline or self.stopping.wait(0.2):
+                raise TimeoutError("no snapshot")
+        path = self.journal.path
+        partial = os.path.join(path, "snapshot.partial")
+        with open(partial, "wb") as f:
+            offset, size = 0, status["size"]
+            while offset < size:
+                chunk = self.request(lambda req: wire.Admin(req, "snapshot-read", {
+                    "id": snap["id"], "offset": offset, "size": min(SNAPSHOT_CHUNK, size - offset)}))
+                if not chunk:
+                    raise StandbyError("the leader's snapshot ended early")
+                f.write(chunk)
+                offset += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        self.journal.close()
+        os.replace(partial, os.path.join(path, "data.mdb"))
+        try:
+            os.remove(os.path.join(path, "lock.mdb"))  # the old file's reader table
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.journal = LmdbJournal(path, durability="fsync")
+        end = self.journal.next_seq()
+        replica.apply(self.journal, [], [], end)  # the position: everything below the copy's end is here
+        self.state.position, self.state.snapshots = end, self.state.snapshots + 1
+        self.tables_seen = -1
+        self.last_epoch = replica.last_epoch(self.journal)
+        log.warning("standby: installed the leader's snapshot (%d bytes); copying on from bookmark %d", size, end)
 
     def fetch(self, start: int, end: int) -> list[tuple[list[bytes], int, bool]]:
         """The stored messages and events in [start, end), as far as one answer each goes."""
