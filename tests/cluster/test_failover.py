@@ -56,6 +56,17 @@ def test_three_nodes_elect_one_leader_and_the_standbys_copy_it_in_sync(make_clus
     assert f"cluster: leader {leader}, epoch {epoch}, in sync: {', '.join(sorted(c.names))}" in out, out
     for n in set(c.names) - {leader}:
         assert f"standby {n}: lag " in out and " ms" in out, out
+    # A client given the cluster's ZooKeeper address finds the leader there; the CLI too.
+    with zq.connect(f"zk://{c.zookeeper}{c.path}", connect_timeout=30) as client:
+        assert client.endpoints.all[0] == c.endpoint(leader) and len(client.endpoints.all) == 3
+        assert client.stats()["server"]["replication"]["cluster"]["node"] == leader
+    out = subprocess.run([sys.executable, "-m", "zq.cli", "stats", "-e", f"zk://{c.zookeeper}{c.path}"], env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert f"cluster: leader {leader}" in out.stdout, out.stdout + out.stderr
+    from zq.core.errors import ConnectionLost
+
+    with pytest.raises(ConnectionLost, match="no zq cluster"):
+        zq.connect(f"zk://{c.zookeeper}/zq/no_such_cluster", connect_timeout=5)
     # A client given one standby's endpoint is sent to the leader.
     standby = next(n for n in c.names if n != leader)
     with zq.connect(c.endpoint(standby), connect_timeout=30) as client:
@@ -269,6 +280,13 @@ def test_a_deposed_leader_truncates_what_the_new_leader_never_had(make_cluster):
         mine.close()
         theirs.close()
     assert "deleted 50 records" in c.log(old).read_text()
+
+
+def test_bad_cluster_addresses_are_refused_in_the_callers_thread():
+    for bad in ("zk://", "zk://host:2181", "zk://host:2181/", "zk://h:1/a b", "zk://h:1/" + "x" * 65,
+                "zk://" + "h" * 300 + "/zq", "zk://h:1/zq/../x/" + "/a" * 10):
+        with pytest.raises(ValueError, match="cluster address"):
+            zq.connect(bad, connect_timeout=1)
 
 
 @pytest.mark.parametrize("bad, says", [

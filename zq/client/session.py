@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import NamedTuple
@@ -281,10 +282,18 @@ class Endpoints:
     """Where a client's sessions go: one endpoint, or several (``"tcp://a:7780,tcp://b:7780"``:
     a leader and its standbys). One at a time (a DEALER connected to several would
     round-robin between them); a session that fails moves to the next, and a standby's
-    ``not-leader`` answer names the leader, tried next. An embedded dispatcher is one."""
+    ``not-leader`` answer names the leader, tried next. An embedded dispatcher is one.
+
+    Or a cluster's ZooKeeper (``"zk://10.0.0.9:2181/zq/orders"``): its nodes' endpoints
+    are read from there, the leader first, and read again each time the list has been
+    tried through."""
 
     def __init__(self, target: object) -> None:
-        self.all: list[object] = [p.strip() for p in target.split(",")] if isinstance(target, str) else [target]
+        self.zookeeper = target if isinstance(target, str) and target.startswith(ZK_SCHEME) else None
+        if self.zookeeper is not None:
+            self.all: list[object] = cluster_endpoints(self.zookeeper)
+        else:
+            self.all = [p.strip() for p in target.split(",")] if isinstance(target, str) else [target]
         self.i = 0
         self.hint: str | None = None
         self.hint_fresh = False
@@ -319,15 +328,68 @@ class Endpoints:
         gone = self.current
         if self.hint is None:
             self.i = (self.i + 1) % len(self.all)
+            if self.i == 0 and self.zookeeper is not None:  # tried through: ask ZooKeeper again
+                try:
+                    self.all = cluster_endpoints(self.zookeeper)
+                except ConnectionLost as exc:
+                    log.warning("%s", exc)
         self.hint = None  # back to the list where it was, but never straight back to what failed
         if self.all[self.i] == gone:  # (the leader a hint named is in the list too)
             self.i = (self.i + 1) % len(self.all)
+
+
+ZK_SCHEME = "zk://"
+_ZK_TARGET = re.compile(r"zk://([A-Za-z0-9.:\[\]-]{1,200}(?:,[A-Za-z0-9.:\[\]-]{1,200}){0,8})((?:/[A-Za-z0-9_.-]{1,64}){1,8})")
+
+
+def cluster_endpoints(target: str) -> list[object]:
+    """A cluster's endpoints, from its ZooKeeper: the leader's first, then every live
+    node's (``zq.server.election`` keeps them there)."""
+    m = _ZK_TARGET.fullmatch(target)
+    if m is None:
+        raise ValueError(f"a cluster address is zk://HOST:PORT[,HOST:PORT...]/PATH, got {target[:100]!r}")
+    hosts, path = m.groups()
+    try:
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import NoNodeError
+        from kazoo.handlers.threading import KazooTimeoutError
+    except ImportError as exc:  # pragma: no cover -- a dependency of zq
+        raise ConnectionLost(f"zk:// addresses need kazoo ({exc})") from None
+    zk = KazooClient(hosts=hosts, timeout=5.0)
+    try:
+        zk.start(timeout=10)
+    except KazooTimeoutError:
+        raise ConnectionLost(f"no ZooKeeper answered at {hosts}") from None
+    try:
+        found: list[object] = []
+        try:
+            raw, _ = zk.get(f"{path}/state")
+            leader = msgspec.json.decode(raw).get("endpoint") if raw else None
+            if isinstance(leader, str) and leader.startswith("tcp://"):
+                found.append(leader)
+            for name in sorted(zk.get_children(f"{path}/nodes")):
+                raw, _ = zk.get(f"{path}/nodes/{name}")
+                ep = msgspec.json.decode(raw).get("endpoint")
+                if isinstance(ep, str) and ep.startswith("tcp://") and ep not in found:
+                    found.append(ep)
+        except (NoNodeError, msgspec.DecodeError, AttributeError):
+            pass
+        if not found:
+            raise ConnectionLost(f"no zq cluster at {target} (nothing under {path} in ZooKeeper)")
+        return found
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def check_endpoint(endpoint: object) -> None:
     """Refuse an endpoint libzmq would choke on, in the caller's thread."""
     if not isinstance(endpoint, str) or not endpoint:
         raise ValueError(f"an endpoint is a string such as tcp://127.0.0.1:7780, got {endpoint!r}")
+    if endpoint.startswith(ZK_SCHEME):
+        if _ZK_TARGET.fullmatch(endpoint) is None:
+            raise ValueError(f"a cluster address is zk://HOST:PORT[,HOST:PORT...]/PATH, got {endpoint[:100]!r}")
+        return
     for part in endpoint.split(","):
         if not part.strip().startswith(_SCHEMES):
             raise ValueError(f"endpoint {part.strip()!r} has no transport: write tcp://{part.strip()} "
