@@ -7,8 +7,10 @@ Three `zq serve` nodes (replicas_ack = 1, heartbeats of 500 ms, a ZooKeeper sess
 * ``failover``: the leader is SIGKILLed, again and again (each time started again as a
   standby once a new leader serves). Failover time = the kill -> the worker's first
   message from a new session (only the new leader delivers: the old one is dead, a
-  standby never does). The worker is paced so that the queue never runs dry: the
-  figure is the cluster's, not the publisher's reconnect.
+  standby never does). The worker is paced (20 ms a message) so that the queue never
+  runs dry (``backlog_at_kill_min``): the figure is the cluster's and the worker's, not
+  the publisher's reconnect, which is reported beside it (the kill -> the publisher's
+  next confirmation).
 * ``faults``: a long run of seeded random faults: the leader SIGKILLed, the leader
   paused (SIGSTOP) past its session and resumed, a standby SIGKILLed; then a checker:
   every confirmed publish processed, each group's messages first processed in order,
@@ -34,9 +36,10 @@ GROUPS = 8
 class Load:
     """A publisher and a paced worker on every endpoint, in threads."""
 
-    def __init__(self, endpoints: str, pace_s: float = 0.0005) -> None:
+    def __init__(self, endpoints: str, pace_s: float = 0.02) -> None:
         self.endpoints, self.pace_s = endpoints, pace_s
         self.confirmed: list[str] = []
+        self.confirmed_at: list[float] = []  # when each was confirmed
         self.processed: list[str] = []
         self.sessions: list[tuple[float, int]] = []  # (time of a message, the worker's session number)
         self.stop = threading.Event()
@@ -61,6 +64,7 @@ class Load:
                     g = i % GROUPS
                     p.publish("jobs", f"{g}:{i}", group=f"g{g}", msg_id=f"m{i}", timeout=120)
                     self.confirmed.append(f"{g}:{i}")
+                    self.confirmed_at.append(time.monotonic())
                     i += 1
         except BaseException as exc:  # noqa: BLE001 -- reported by the run
             self.errors.append(exc)
@@ -96,10 +100,24 @@ class Load:
             time.sleep(0.01)
         raise RuntimeError(f"no message from a new session within {timeout}s")
 
+    def first_confirm_after(self, after: float, timeout: float = 60.0) -> float:
+        """Seconds from ``after`` to the publisher's next confirmation."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            later = [t for t in self.confirmed_at[-2000:] if t > after]
+            if later:
+                return later[0] - after
+            time.sleep(0.01)
+        raise RuntimeError(f"no confirmation within {timeout}s")
+
+    def depth(self) -> int:
+        return len(self.confirmed) - len(set(self.processed))
+
     def finish(self, timeout: float = 120.0) -> dict:
         """Stop publishing, wait until every confirmed message was processed, check."""
         self.publishing_stop.set()
         self.threads[0].join(timeout)
+        self.pace_s = 0.0  # drain at full speed
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not set(self.confirmed) <= set(self.processed):
             time.sleep(0.05)
@@ -141,18 +159,20 @@ def failover(kills: int) -> list[dict]:
         try:
             c = cluster(Path(tmp) / "cluster", zk.hosts)
             load = Load(c.endpoints).start()
-            times = []
+            times, confirms, depths = [], [], []
             deadline = time.monotonic() + 60 + kills * 30  # bounded: a stuck run stops itself
-            while len(load.confirmed) < 3000 and time.monotonic() < deadline and not load.errors:
+            while load.depth() < 300 and time.monotonic() < deadline and not load.errors:
                 time.sleep(0.05)  # a backlog first: the worker must have work when the new leader serves
             for _ in range(kills):
                 if load.errors or time.monotonic() > deadline:
                     break
                 leader, epoch = c.leader()
                 time.sleep(0.5)
+                depths.append(load.depth())
                 killed = time.monotonic()
                 c.kill(leader)
                 times.append(load.first_from_new_session(killed))
+                confirms.append(load.first_confirm_after(killed))
                 c.leader(other_than=leader, epoch_above=epoch)
                 c.start(leader)
                 time.sleep(1.5)  # the restarted node catches up before the next kill
@@ -160,8 +180,11 @@ def failover(kills: int) -> list[dict]:
             if load.errors:
                 raise RuntimeError(f"load failed: {load.errors[0]!r}")
             ms = [round(t * 1000, 1) for t in times]
+            cms = [round(t * 1000, 1) for t in confirms]
             return [{"scenario": "failover", "kills": len(times), "session_timeout_ms": 2000, "replicas_ack": 1,
-                     "failover_ms": percentiles(ms, (50, 90, 99)), "worst_ms": max(ms), "each_ms": ms, **counts}]
+                     "failover_ms": percentiles(ms, (50, 90, 99)), "worst_ms": max(ms), "each_ms": ms,
+                     "publisher_ms": percentiles(cms, (50, 90, 99)), "publisher_each_ms": cms,
+                     "backlog_at_kill_min": min(depths), **counts}]
         finally:
             if c is not None:
                 c.close()
@@ -178,7 +201,7 @@ def faults(count: int, seed: int = 1) -> list[dict]:
         c = None
         try:
             c = cluster(Path(tmp) / "cluster", zk.hosts)
-            load = Load(c.endpoints, pace_s=0.0).start()
+            load = Load(c.endpoints, pace_s=0.0).start()  # faults: as fast as it goes
             deadline = time.monotonic() + 60 + count * 30
             epochs = [c.leader()[1]]
             for _ in range(count):
