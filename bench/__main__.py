@@ -12,7 +12,8 @@ ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), 
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
 against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
 one with prefetch, plain and reclaimable, interleaved), replication (the standard
-workload with replicas_ack = 1 and a `zq standby` against 0, interleaved), failover (an
+workload with replicas_ack = 1 and a `zq standby` against 0, interleaved),
+cluster-replication (the same on an elected cluster of two nodes and a ZooKeeper), failover (an
 elected cluster of three with a real ZooKeeper: the leader SIGKILLed again and again,
 the time to the first delivery by the new leader), faults (a long seeded run of leader
 kills, leader pauses and standby kills, with a checker's counts). Results go to
@@ -34,7 +35,7 @@ RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cit
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim",
-             "replication", "failover", "faults")
+             "replication", "cluster-replication", "failover", "faults")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -142,6 +143,15 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
         for _ in range(1 if quick else 3):  # interleaved: machine noise hits both alike
             plain = e2e.throughput(n, durability="batch")
             replicated = e2e.throughput(n, durability="batch", replicas_ack=1)
+            replicated["of_unreplicated"] = round(replicated["e2e_msgs_per_s"] / plain["e2e_msgs_per_s"], 3)
+            rows += [plain, replicated]
+        return rows
+    if scenario == "cluster-replication":
+        n = 5_000 if quick else 100_000
+        rows = []
+        for _ in range(1 if quick else 3):  # an elected cluster of two nodes, each way, interleaved
+            plain = e2e.throughput(n, durability="batch", cluster=True)
+            replicated = e2e.throughput(n, durability="batch", replicas_ack=1, cluster=True)
             replicated["of_unreplicated"] = round(replicated["e2e_msgs_per_s"] / plain["e2e_msgs_per_s"], 3)
             rows += [plain, replicated]
         return rows

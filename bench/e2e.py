@@ -54,25 +54,43 @@ def percentiles(values: list[float], ps=(50, 99, 99.9)) -> dict:
 
 
 class Fleet:
-    """A `zq serve` and N worker processes; workers report on SIGTERM."""
+    """A `zq serve` and N worker processes; workers report on SIGTERM.
+
+    ``cluster``: instead, an elected cluster of ``1 + max(replicas_ack, 1)`` nodes and a
+    ZooKeeper (zq.testing), the workers and producer on its leader."""
 
     def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker",
-                 group_policy: str = "sequenced", replicas_ack: int = 0) -> None:
+                 group_policy: str = "sequenced", replicas_ack: int = 0, cluster: bool = False) -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        extra = []
-        if replicas_ack:  # confirmations wait for that many standbys (each a `zq standby` process)
-            Path(self.tmp, "zq.toml").write_text(f"[cluster]\nreplicas_ack = {replicas_ack}\n")
-            extra = ["--config", f"{self.tmp}/zq.toml"]
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
-             "--durability", durability, *extra], env=child_env(), stderr=subprocess.DEVNULL,
-        )
-        self.standbys = [
-            subprocess.Popen([sys.executable, "-m", "zq.cli", "standby", self.endpoint, "--data",
-                              f"{self.tmp}/standby{i}"], env=child_env(), stderr=subprocess.DEVNULL)
-            for i in range(replicas_ack)
-        ]
+        self.zookeeper = self.cluster = None
+        self.standbys: list[subprocess.Popen] = []
+        if cluster:
+            from zq.testing.cluster import Cluster
+            from zq.testing.zookeeper import ZooKeeper
+
+            self.zookeeper = ZooKeeper(Path(self.tmp) / "zk").start()
+            self.cluster = Cluster(Path(self.tmp) / "cluster", self.zookeeper.hosts, nodes=1 + max(replicas_ack, 1),
+                                   path="/zq/bench", settings=f'durability = "{durability}"\n',
+                                   cluster_settings=f"replicas_ack = {replicas_ack}", heartbeat="1s")
+            self.cluster.start()
+            leader, _ = self.cluster.leader(timeout=60)
+            self.endpoint = self.cluster.endpoint(leader)
+            self.server = self.cluster.procs[leader]
+        else:
+            extra = []
+            if replicas_ack:  # confirmations wait for that many standbys (each a `zq standby` process)
+                Path(self.tmp, "zq.toml").write_text(f"[cluster]\nreplicas_ack = {replicas_ack}\n")
+                extra = ["--config", f"{self.tmp}/zq.toml"]
+            self.server = subprocess.Popen(
+                [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
+                 "--durability", durability, *extra], env=child_env(), stderr=subprocess.DEVNULL,
+            )
+            self.standbys = [
+                subprocess.Popen([sys.executable, "-m", "zq.cli", "standby", self.endpoint, "--data",
+                                  f"{self.tmp}/standby{i}"], env=child_env(), stderr=subprocess.DEVNULL)
+                for i in range(replicas_ack)
+            ]
         from zq.client import Client
 
         with Client(self.endpoint, connect_timeout=30) as c:
@@ -122,11 +140,15 @@ class Fleet:
                 s.wait(30)
             except subprocess.TimeoutExpired:
                 s.kill()
-        self.server.send_signal(signal.SIGTERM)
-        try:
-            self.server.wait(30)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
+        if self.cluster is not None:
+            self.cluster.close()
+            self.zookeeper.stop()  # type: ignore[attr-defined]
+        else:
+            self.server.send_signal(signal.SIGTERM)
+            try:
+                self.server.wait(30)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
         import shutil
 
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -141,8 +163,9 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
 
 
 def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
-               consumer: str = "worker", group_policy: str = "sequenced", replicas_ack: int = 0) -> dict:
-    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack)
+               consumer: str = "worker", group_policy: str = "sequenced", replicas_ack: int = 0,
+               cluster: bool = False) -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack, cluster)
     try:
         cpu_before = cpu_seconds(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
@@ -158,6 +181,7 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
         "publish": mode, "groups": groups, "group_policy": group_policy if groups else None,
         "consumer": CONSUMERS[consumer], "replicas_ack": replicas_ack,
+        **({"cluster": f"{1 + max(replicas_ack, 1)} nodes, ZooKeeper"} if cluster else {}),
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         **server_cpu(n, cpu),
         "worker_shares": [r["count"] for r in reports],

@@ -10,7 +10,8 @@ from bench.__main__ import main
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
                                       "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
-                                      "build", "engine-vs", "reclaim", "replication", "failover", "faults"])
+                                      "build", "engine-vs", "reclaim", "replication", "cluster-replication",
+                                      "failover", "faults"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys, monkeypatch):
     if scenario == "engine-vs":
         monkeypatch.setenv("ZQ_PURE", "1")  # HEAD's copy installs interpreted: no minute of mypyc in the suite
@@ -18,7 +19,7 @@ def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys
         missing = [b for b in ("redis-server", "nats-server", "rabbitmq-server") if shutil.which(b) is None]
         if missing:
             pytest.skip(f"peer servers not installed: {missing} (apt-get install redis-server nats-server rabbitmq-server)")
-    if scenario in ("failover", "faults"):
+    if scenario in ("failover", "faults", "cluster-replication"):
         import os
 
         from zq.testing.zookeeper import missing
@@ -48,7 +49,7 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             continue
         if scenario == "groups" and row["groups"]:
             assert row["of_ungrouped"] > 0, row  # judged against the ungrouped run of the same invocation
-        if scenario == "replication" and row["replicas_ack"]:
+        if scenario in ("replication", "cluster-replication") and row["replicas_ack"]:
             assert row["of_unreplicated"] > 0, row  # judged against the run without, in the same invocation
         if scenario in ("throughput", "peak", "peers"):
             assert "server_cpu_us_per_msg" in row, row  # the dispatcher's (or peer server's) CPU per message

@@ -77,14 +77,19 @@ def test_a_lagging_standby_leaves_the_set_by_compare_and_set_before_confirmation
 
 
 def test_a_standby_that_caught_up_joins_and_a_refused_change_with_a_newer_epoch_deposes():
-    d, rec = duty(isr=("n1",))
-    p = standby("n2", 0)
+    d, rec = duty(isr=("n1", "n3"))
+    p, in_sync = standby("n2", 0), standby("n3", 50)
+    peers = {b"2": p, b"3": in_sync}
+    assert d.replicated_upto(peers, 50) == 50  # n3 has it all; n2 is not in the set
     d.standby_reported(p, 0, 50, 1_000)  # its first report: the journal was at 50
-    d.tick({b"2": p}, 1_000)
-    assert rec.asked and rec.asked[-1][0] == ["n1", "n2"]  # 0 >= 0 (its previous end): caught up
-    rec.state = ClusterState(epoch=5, leader="n3")
+    d.tick(peers, 1_000)
+    assert rec.asked and rec.asked[-1][0] == ["n1", "n2", "n3"]  # 0 >= 0 (its previous end): caught up
+    # Before ZooKeeper says so, a joining standby is already waited for: once the state
+    # names it, it may be elected, so it must hold what is confirmed from then on.
+    assert d.replicated_upto(peers, 50) == 0
+    rec.state = ClusterState(epoch=5, leader="n4")
     rec.answer(False)  # the compare-and-set failed: someone else wrote the state
-    assert d.deposed and not d.serving() and d.isr == {"n1"}
+    assert d.deposed and not d.serving() and d.isr == d.waited_for == {"n1", "n3"}
 
 
 def test_the_leader_serves_only_with_its_lease_and_undeposed():

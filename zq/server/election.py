@@ -205,7 +205,7 @@ class Coordinator:
         """Take the lock (waiting up to ``wait_s``) and, if ``eligible``, write a new
         epoch with a compare-and-set. Returns the new state (the lock kept), or None (the
         lock not held: someone else leads, or this node may not)."""
-        from kazoo.exceptions import BadVersionError, LockTimeout
+        from kazoo.exceptions import LockTimeout
 
         if self.lock is None:
             self.lock = self.zk.Lock(f"{self.path}/election", self.node)
@@ -229,11 +229,8 @@ class Coordinator:
         tx.check(f"{self.path}/state", stat.version)
         tx.set_data(f"{self.path}/state", msgspec.json.encode(new))
         results = tx.commit()
-        if any(isinstance(r, Exception) for r in results):
+        if any(isinstance(r, Exception) for r in results):  # (BadVersionError: someone wrote it since)
             log.info("election: the state changed under us (%s); not leading", results)
-            self.release()
-            return None
-        if isinstance(results[0], BadVersionError):
             self.release()
             return None
         self.lease_until = sent + LEASE_FRACTION * self.session_timeout_s

@@ -33,6 +33,10 @@ class LeaderDuty:
         self.epoch = state.epoch
         self.node = config.cluster.node
         self.isr: set[str] = set(state.isr)  # as ZooKeeper has it (this node included)
+        # Whom confirmations wait for: the set, and while a change is being written both
+        # the old and the new members (a joining standby counts before ZooKeeper says so,
+        # a leaving one until it has).
+        self.waited_for: set[str] = set(self.isr)
         self.deposed = False  # a newer epoch is known here
         self.pending = False  # a change of the in-sync set is being written
         self.next_check_ms = 0
@@ -54,9 +58,9 @@ class LeaderDuty:
 
     def replicated_upto(self, peers: dict[bytes, Peer], next_seq: int) -> int:
         """Every record below this is synced on every in-sync standby (0: too few are)."""
-        members = self.isr - {self.node}
-        if len(members) < self.need:
+        if len(self.isr - {self.node}) < self.need:
             return 0
+        members = self.waited_for - {self.node}
         positions: dict[str, int] = {}
         for p in peers.values():
             if p.node in members:
@@ -85,10 +89,13 @@ class LeaderDuty:
         gone, joined = sorted(self.isr - want), sorted(want - self.isr)
         log.info("in-sync set: %s%s", f"-{gone} " if gone else "", f"+{joined}" if joined else "")
 
+        self.waited_for = self.isr | want
+
         def done(ok: bool) -> None:
             if ok:
                 self.isr = want
-            else:
+            self.waited_for = set(self.isr)
+            if not ok:
                 st = self.coord.state
                 if st is not None and st.epoch != self.epoch:
                     self.deposed = True
