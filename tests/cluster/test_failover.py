@@ -363,3 +363,36 @@ def test_everything_killed_and_started_again_comes_back_with_every_confirmed_mes
                     break
         assert sorted(got) == sorted(sent + more)
         assert client.stats()["server"]["replication"]["cluster"]["epoch"] == again > epoch
+
+
+def test_a_leader_stopped_cleanly_leaves_nothing_it_confirmed_behind(make_cluster):
+    """replicas_ack = 0: confirmations follow the leader's own commit. The standbys are
+    held back (paused) while it confirms 300 more and is asked to stop (SIGTERM); they
+    resume half a second later: it waited for them to hold everything before it let go,
+    so the new leader serves all of them."""
+    c = make_cluster(settings=QUEUE, cluster_settings="replicas_ack = 0").start()
+    old, epoch = c.leader()
+    with zq.connect(c.endpoints, connect_timeout=30) as client:
+        first = client.publish_many("jobs", [b"a %d" % i for i in range(100)])
+        wait_until(lambda: len(client.stats()["server"]["replication"]["cluster"]["isr"]) == 3, timeout=20,
+                   interval=0.1, what="standbys in sync")
+        others = [n for n in c.names if n != old]
+        for n in others:
+            c.signal(n, signal.SIGSTOP)
+        try:
+            later = client.publish_many("jobs", [b"b %d" % i for i in range(300)])  # confirmed: not copied yet
+            c.signal(old, signal.SIGTERM)  # asked to stop while no standby has them
+            time.sleep(0.5)  # (the fault's timing: the standbys come back half a second later)
+        finally:
+            for n in others:
+                c.signal(n, signal.SIGCONT)
+    assert c.stop(old) == 0
+    new, _ = c.leader(other_than=old, epoch_above=epoch)
+    with zq.connect(c.endpoints, connect_timeout=30) as client:
+        got = []
+        with client.subscribe("jobs", max_backlog=500) as s:
+            while len(got) < 400 and (m := s.get(5)) is not None:
+                got.append(m.bookmark)
+                m.ack()
+    assert sorted(got) == sorted(first + later)
+    assert "waiting (at most" in c.log(old).read_text()

@@ -64,13 +64,13 @@ def test_a_lagging_standby_leaves_the_set_by_compare_and_set_before_confirmation
     d, rec = duty()
     peers = {b"2": standby("n2", 100), b"3": standby("n3", 10)}
     d.standby_reported(peers[b"2"], 100, 100, 1_000)
-    d.tick(peers, 2_000)
+    d.tick(peers, 2_000, 100)
     assert rec.asked == []  # within replica_lag (3 s) of taking over: both stay
     d.standby_reported(peers[b"2"], 100, 100, 4_500)
-    d.tick(peers, 4_500)
+    d.tick(peers, 4_500, 100)
     assert [a[0] for a in rec.asked] == [["n1", "n2"]]  # n3 has not caught up for 3.5 s
     assert d.replicated_upto(peers, 100) == 10  # not yet written: still waited for
-    d.tick(peers, 4_700)
+    d.tick(peers, 4_700, 100)
     assert len(rec.asked) == 1  # one change at a time
     rec.answer(True)
     assert d.isr == {"n1", "n2"} and d.replicated_upto(peers, 100) == 100
@@ -82,7 +82,7 @@ def test_a_standby_that_caught_up_joins_and_a_refused_change_with_a_newer_epoch_
     peers = {b"2": p, b"3": in_sync}
     assert d.replicated_upto(peers, 50) == 50  # n3 has it all; n2 is not in the set
     d.standby_reported(p, 0, 50, 1_000)  # its first report: the journal was at 50
-    d.tick(peers, 1_000)
+    d.tick(peers, 1_000, 50)
     assert rec.asked and rec.asked[-1][0] == ["n1", "n2", "n3"]  # 0 >= 0 (its previous end): caught up
     # Before ZooKeeper says so, a joining standby is already waited for: once the state
     # names it, it may be elected, so it must hold what is confirmed from then on.
@@ -102,3 +102,25 @@ def test_the_leader_serves_only_with_its_lease_and_undeposed():
     assert not d.serving()
     st = d.stats({}, 5_000)
     assert st["role"] == "leader" and st["epoch"] == 4 and st["serving"] is False and st["isr"] == ["n1", "n2", "n3"]
+
+
+def test_a_clean_stop_waits_for_the_in_sync_standbys_then_stops_and_gives_up_after_its_time():
+    d, rec = duty(replicas_ack=0)
+    stopped: list[int] = []
+    d.stop_server = lambda: stopped.append(1)
+    peers = {b"2": standby("n2", 80), b"3": standby("n3", 100)}
+    d.hand_over()
+    d.tick(peers, 1_000, 100)  # the end to reach: 100
+    assert d.handover_end == 100 and not stopped
+    assert d.replicated_upto(peers, 100) == 80  # confirmations now wait for the standbys (replicas_ack 0 or not)
+    peers[b"2"].replica_position = 100
+    d.tick(peers, 1_200, 130)  # both hold 100: the leader may go (what came after was never confirmed)
+    assert stopped == [1]
+    d2, _ = duty(replicas_ack=0)
+    d2.stop_server = lambda: stopped.append(2)
+    d2.hand_over()
+    d2.tick({}, 1_000, 100)
+    d2.tick({}, 5_999, 100)
+    assert stopped == [1]
+    d2.tick({}, 6_000, 100)  # five seconds: it stops anyway (standbys gone)
+    assert stopped == [1, 2]

@@ -57,16 +57,23 @@ class Node:
                                  self.cc.session_timeout_ms, on_change=self.changed.set)
         self.role = "starting"
         self.server: Server | None = None  # the dispatcher while leading
+        self.duty: LeaderDuty | None = None
         self.follower: Standby | None = None  # the standby while following
         self.responder: NotLeader | None = None
         self.terms = 0  # times this node has led
 
     def stop(self) -> None:
+        """SIGTERM: a standby stops; a leader first waits (a few seconds at most) for
+        its in-sync standbys to hold everything it has, then stops (a second call: at once)."""
+        again = self.stopping.is_set()
         self.stopping.set()
         self.changed.set()
-        server, follower = self.server, self.follower
+        server, follower, duty = self.server, self.follower, self.duty
         if server is not None:
-            server.stop()
+            if duty is not None and not again:
+                duty.hand_over()
+            else:
+                server.stop()
         if follower is not None:
             follower.stop()
 
@@ -199,7 +206,8 @@ class Node:
             self.coord.release()
             raise
         server.adopt(waiting)  # what clients sent during the election: answered as if just arrived
-        self.server = server
+        duty.stop_server = server.stop
+        self.server, self.duty = server, duty
         self.role = "leader"
 
         def watch() -> None:
@@ -215,11 +223,11 @@ class Node:
         watcher = threading.Thread(target=watch, name="zq-cluster-watch", daemon=True)
         watcher.start()
         if self.stopping.is_set():
-            server.stop()
+            duty.hand_over()
         try:
             server.run()
         finally:
-            self.server = None
+            self.server = self.duty = None
             self.coord.release()
             self.changed.set()
             watcher.join(2)

@@ -163,7 +163,7 @@ class Commands:
         if full:  # flow-control: the confirmation waits until those queues drain
             self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
             return
-        if self.config.replicas_ack:  # replicated: it waits for the standbys too
+        if self.config.replicas_ack or self.cluster is not None and self.cluster.handing_over:  # replicated: it waits for the standbys too
             self.hold_for_replicas(peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), bookmarks)
             return
         self.reply(peer_id, wire.Confirm(cmd.req, bookmarks), durable=True)

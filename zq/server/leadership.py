@@ -22,6 +22,7 @@ log = logging.getLogger("zq.cluster")
 
 ISR_CHECK_MS = 100  # how often the leader looks at its standbys' progress
 ISR_JOIN_MS = 1000  # a standby joins the in-sync set if it caught up this recently
+HANDOVER_MS = 5000  # a clean stop waits at most this long for the in-sync standbys
 
 
 class LeaderDuty:
@@ -45,6 +46,13 @@ class LeaderDuty:
         self.lag_ms = config.cluster.replica_lag_ms
         self.need = max(config.replicas_ack, config.cluster.min_insync) if config.replicas_ack else 0
         self.wake = lambda: None  # set by the server: wake its loop (a change written)
+        # A clean stop (SIGTERM): confirmations wait for the in-sync standbys from then
+        # on, and the leader stops once they hold everything it has (or HANDOVER_MS has
+        # passed): with replicas_ack = 0 too, nothing it confirmed is left behind.
+        self.handing_over = False
+        self.handover_end = -1
+        self.handover_until_ms = 0
+        self.stop_server = lambda: None
 
     def serving(self) -> bool:
         return not self.deposed and self.coord.serving()
@@ -70,8 +78,23 @@ class LeaderDuty:
     def lag_of(self, node: str, now: int) -> int:
         return now - self.caught_up_ms.get(node, self.started_ms)
 
-    def tick(self, peers: dict[bytes, Peer], now: int) -> None:
-        """Keep the in-sync set: add standbys that caught up, drop those that lag."""
+    def hand_over(self) -> None:
+        """Stop cleanly, leaving nothing confirmed behind (any thread; see ``tick``)."""
+        self.handing_over = True
+        self.wake()
+
+    def tick(self, peers: dict[bytes, Peer], now: int, next_seq: int) -> None:
+        """Keep the in-sync set: add standbys that caught up, drop those that lag; end a
+        clean stop once the in-sync standbys hold everything."""
+        if self.handing_over:
+            if self.handover_end < 0:
+                self.handover_end, self.handover_until_ms = next_seq, now + HANDOVER_MS
+                log.warning("stopping: waiting (at most %d ms) for the in-sync standbys to hold bookmark %d",
+                            HANDOVER_MS, next_seq)
+            if self.replicated_upto(peers, next_seq) >= self.handover_end or now >= self.handover_until_ms:
+                self.handing_over = False  # (once)
+                self.stop_server()
+            return
         if self.pending or now < self.next_check_ms or self.deposed:
             return
         self.next_check_ms = now + ISR_CHECK_MS

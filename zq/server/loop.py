@@ -311,7 +311,7 @@ class Server(Commands, Stats):
         if self.bounds_waiting:
             self.answer_bounds(now)
         if self.cluster is not None:
-            self.cluster.tick(self.peers, now)
+            self.cluster.tick(self.peers, now, self.engine.next_seq)
         if self.repl_held:
             self.release_replicated()
         if self.journal_down is None:
@@ -550,7 +550,7 @@ class Server(Commands, Stats):
     def confirm(self, peer_id: bytes, frame: bytes) -> None:
         """Send a committed publish's CONFIRM, or with ``replicas_ack`` hold it until that
         many standbys have it on their disks (``release_replicated``)."""
-        if not self.config.replicas_ack:
+        if not self.config.replicas_ack and (self.cluster is None or not self.cluster.handing_over):
             self.send(peer_id, frame)
             return
         self.hold_for_replicas(peer_id, frame, wire.server_decoder.decode(frame).bookmarks)  # type: ignore[union-attr]
