@@ -396,3 +396,49 @@ def test_a_leader_stopped_cleanly_leaves_nothing_it_confirmed_behind(make_cluste
                 m.ack()
     assert sorted(got) == sorted(first + later)
     assert "waiting (at most" in c.log(old).read_text()
+
+
+def test_a_secured_cluster_elects_copies_and_fails_over_with_keys(make_cluster, tmp_path):
+    """CurveZMQ on every node: the nodes' standbys copy the leader as clients with their
+    own key (entitled to read the journal and nothing else), so replicated confirmations
+    work; after the leader's SIGKILL a client with its key follows the new leader; a
+    plaintext client gets nothing from any node."""
+    import shutil
+    import subprocess
+    import sys
+
+    from zq.core.errors import ConnectionLost
+
+    from tests.adapters.support import env
+
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    allowed.mkdir()
+    for name in ("server", "node", "alice"):
+        done = subprocess.run([sys.executable, "-m", "zq.cli", "keygen", name, "--dir", str(keys)], env=env(),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    for name in ("node", "alice"):
+        shutil.copy(keys / f"{name}.key", allowed)
+    security = (f'[security]\nsecret_key = "{keys}/server.key_secret"\nallow = "{allowed}"\n\n'
+                f'[[security.client]]\nkey = "{keys}/node.key"\nname = "node"\npublish = []\nconsume = []\n'
+                f'browse = ["*"]\nclaim = []\nadmin = ["journal-tables", "epoch-end", "snapshot-*"]\n')
+    c = make_cluster(settings=QUEUE + "\n" + security, cluster_settings="replicas_ack = 1",
+                     env={"ZQ_KEY": str(keys / "node.key_secret"), "ZQ_SERVER_KEY": str(keys / "server.key")}).start()
+    leader, epoch = c.leader()
+    creds = {"key": str(keys / "alice.key_secret"), "server_key": str(keys / "server.key")}
+    with zq.connect(c.endpoints, connect_timeout=30, **creds) as client:
+        before = client.publish_many("jobs", [b"s %d" % i for i in range(100)])  # confirmed: a standby copied them
+        wait_until(lambda: len(client.stats()["server"]["replication"]["cluster"]["isr"]) == 3, timeout=20,
+                   interval=0.1, what="both standbys in sync")
+    with pytest.raises(ConnectionLost):
+        zq.connect(c.endpoints, connect_timeout=3)  # plaintext
+    c.kill(leader)
+    c.leader(other_than=leader, epoch_above=epoch)
+    with zq.connect(c.endpoints, connect_timeout=30, **creds) as client:
+        after = client.publish_many("jobs", [b"t %d" % i for i in range(50)])
+        got = []
+        with client.subscribe("jobs", max_backlog=200) as s:
+            while len(got) < 150 and (m := s.get(5)) is not None:
+                got.append(m.bookmark)
+                m.ack()
+        assert sorted(got) == sorted(before + after)

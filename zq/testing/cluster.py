@@ -18,7 +18,7 @@ from zq.testing.zookeeper import free_port
 class Cluster:
     def __init__(self, directory: Path, zookeeper: str, *, nodes: int = 3, path: str = "/zq/test",
                  settings: str = "", cluster_settings: str = "", session_timeout: str = "2s",
-                 heartbeat: str = "500ms") -> None:
+                 heartbeat: str = "500ms", env: dict[str, str] | None = None) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.names = [f"n{i + 1}" for i in range(nodes)]
@@ -30,6 +30,7 @@ class Cluster:
             f"{cluster_settings}\n")
         self.procs: dict[str, subprocess.Popen] = {}
         self.zookeeper, self.path = zookeeper, path
+        self.env = env or {}  # added to each node's environment (e.g. ZQ_KEY: its standby's client key)
 
     def endpoint(self, name: str) -> str:
         return f"tcp://127.0.0.1:{self.ports[name]}"
@@ -46,7 +47,7 @@ class Cluster:
         return self.dir / name
 
     def start(self, *names: str) -> "Cluster":
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         for name in names or self.names:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "zq.cli", "serve", "--config", str(self.config), "--node", name,
