@@ -102,6 +102,11 @@ class Cluster:
             proc.wait(10)
             return -9
 
+    def exited(self, name: str, timeout: float = 30.0) -> int:
+        """Wait for a node told to stop to exit by itself; its exit code."""
+        proc = self.procs.pop(name)
+        return proc.wait(timeout)
+
     def close(self) -> dict[str, int]:
         """Stop every node; their exit codes."""
         return {name: self.stop(name) for name in list(self.procs)}
