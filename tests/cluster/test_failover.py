@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 
-import msgspec
 import pytest
 import zmq
 
@@ -173,14 +172,19 @@ def test_an_acknowledged_and_replicated_message_is_not_delivered_again(make_clus
     new, new_epoch = c.leader(other_than=leader, epoch_above=epoch)
     with zq.connect(c.endpoints, connect_timeout=30) as client:
         assert client.stats()["server"]["replication"]["cluster"]["epoch"] == new_epoch
-        got = []
-        with client.subscribe("jobs", max_backlog=64) as s:
-            while (m := s.get(5)) is not None:
-                got.append(m.bookmark)
-                m.ack()
-                if len(got) == 21:
-                    break
+        got = take(client, 21)
         assert len(got) == 21 and not set(done) & set(got), sorted(set(done) & set(got))
+
+
+def take(client, n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Subscribe to "jobs" and ack what comes, up to ``n`` messages (or 5 s of none);
+    their bookmarks."""
+    got: list[int] = []
+    with client.subscribe("jobs", max_backlog=min(n, 1000)) as s:
+        while len(got) < n and (m := s.get(5)) is not None:
+            got.append(m.bookmark)
+            m.ack()
+    return got
 
 
 def raw_session(endpoint: str) -> zmq.Socket:
@@ -354,13 +358,7 @@ def test_everything_killed_and_started_again_comes_back_with_every_confirmed_mes
     c.start()
     _, again = c.leader(epoch_above=epoch, timeout=60)
     with zq.connect(c.endpoints, connect_timeout=60) as client:
-        got = []
-        with client.subscribe("jobs", max_backlog=100) as s:
-            while (m := s.get(5)) is not None:
-                got.append(m.bookmark)
-                m.ack()
-                if len(got) == len(sent) + len(more):
-                    break
+        got = take(client, len(sent) + len(more))
         assert sorted(got) == sorted(sent + more)
         assert client.stats()["server"]["replication"]["cluster"]["epoch"] == again > epoch
 
@@ -389,11 +387,7 @@ def test_a_leader_stopped_cleanly_leaves_nothing_it_confirmed_behind(make_cluste
     assert c.exited(old) == 0  # (a second SIGTERM would stop it at once: none is sent)
     new, _ = c.leader(other_than=old, epoch_above=epoch)
     with zq.connect(c.endpoints, connect_timeout=30) as client:
-        got = []
-        with client.subscribe("jobs", max_backlog=500) as s:
-            while len(got) < 400 and (m := s.get(5)) is not None:
-                got.append(m.bookmark)
-                m.ack()
+        got = take(client, 400)
     assert sorted(got) == sorted(first + later)
     assert "waiting (at most" in c.log(old).read_text()
 
@@ -436,9 +430,5 @@ def test_a_secured_cluster_elects_copies_and_fails_over_with_keys(make_cluster, 
     c.leader(other_than=leader, epoch_above=epoch)
     with zq.connect(c.endpoints, connect_timeout=30, **creds) as client:
         after = client.publish_many("jobs", [b"t %d" % i for i in range(50)])
-        got = []
-        with client.subscribe("jobs", max_backlog=200) as s:
-            while len(got) < 150 and (m := s.get(5)) is not None:
-                got.append(m.bookmark)
-                m.ack()
+        got = take(client, 150)
         assert sorted(got) == sorted(before + after)

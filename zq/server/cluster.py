@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zq.cluster")
 
+
 class Node:
     """``zq serve`` in a cluster: follow, contend, lead, step down, until ``stop()``."""
 

@@ -172,10 +172,7 @@ class Server(Commands, Stats):
     def stop(self) -> None:
         """Ask the loop to finish (thread- and signal-safe)."""
         self.stopping.set()
-        try:
-            os.write(self.wake_w, b"x")
-        except OSError:
-            pass
+        self.wake()
 
     def adopt(self, frames: list[tuple[bytes, bytes, str | None]]) -> None:
         """Frames that reached this socket before this dispatcher served it (a cluster
