@@ -9,6 +9,7 @@ import json
 import pytest
 
 import zq
+from zq.core.errors import ResumePointError
 from zq.server.config import Config
 from zq.core.errors import ZqError
 
@@ -153,10 +154,15 @@ def test_replay_reads_a_topic_from_the_start_a_bookmark_or_a_time_without_queue_
         assert [m.bookmark for m in c.replay("ticks", since_ms=later)] == [newest]
         assert [m.data for m in c.replay("^t.*")][-1] == b"fresh"
         # Without follow a replay stops at the journal's end, even when it starts there
-        # ("now") or past it (a future bookmark): it once waited forever.
-        for start in ("now", newest + 1000):
-            with c.replay("ticks", start=start) as r, pytest.raises(StopIteration):  # END, not a wait
-                assert r.get(timeout=10) is not None, f"a replay from {start!r} did not end"
+        # ("now"): it once waited forever. Past the end (a bookmark this journal never
+        # gave out, or one a failover truncated) is refused, naming where to resume.
+        with c.replay("ticks", start="now") as r, pytest.raises(StopIteration):  # END, not a wait
+            assert r.get(timeout=10) is not None, "a replay from now did not end"
+        for follow in (False, True):
+            with pytest.raises(ResumePointError, match=f"resume from {newest + 1}$"):
+                c.replay("ticks", start=newest + 1000, follow=follow)
+        with c.replay("ticks", start=newest + 1) as r, pytest.raises(StopIteration):  # the end itself: fine
+            r.get(timeout=10)
 
 
 def test_replay_with_follow_continues_live_and_a_small_window_still_delivers_everything(dispatcher):
