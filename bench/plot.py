@@ -28,6 +28,8 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
                 if any(k in r for r in rows)), None)
     if key is None and scenario in ("latency", "floors"):
         return plot_latency(rows, meta, out)
+    if scenario in ("failover", "faults"):
+        return plot_faults(scenario, rows, meta, out)
     if key is None:
         return None
     labels = [label(r) for r in rows]
@@ -66,6 +68,35 @@ def plot_latency(rows: list[dict], meta: dict, out: Path) -> Path:
     ax.set_ylabel("µs")
     ax.legend(fontsize=7)
     ax.set_title(f"latency at {rows[0]['rate']} msg/s — {meta['cores']} cores, {meta['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_faults(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path:
+    """failover: each kill's time to the new leader's first delivery, against the 3 s
+    target; faults: what was injected and what the checker counted."""
+    import matplotlib.pyplot as plt
+
+    row = rows[0]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if scenario == "failover":
+        values = [number(v) or 0.0 for v in row["each_ms"]]
+        ax.bar([str(i + 1) for i in range(len(values))], values, color="#2b6cb0")
+        ax.axhline(3000, color="#c53030", linestyle="--", linewidth=1, label="target p99: 3 s")
+        ax.set_xlabel("kill")
+        ax.set_ylabel("ms to the new leader's first delivery")
+        ax.legend(fontsize=8)
+    else:
+        keys = ["leader_killed", "leader_paused", "standby_killed", "epochs", "lost", "twice", "group_order_breaks"]
+        values = [number(row.get(k)) or 0.0 for k in keys]
+        bars = ax.bar([k.replace("_", " ") for k in keys], values,
+                      color=["#a0aec0"] * 4 + ["#2b6cb0"] * 3)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+        ax.set_ylabel(f"count ({row.get('confirmed', 0):,} confirmed)")
+    ax.set_title(f"{scenario} — {meta['cores']} cores, Python {meta['python']}, {meta['date'][:10]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

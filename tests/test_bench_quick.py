@@ -64,6 +64,7 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
                 assert row["kills"] == 2 and row["failover_ms"]["p50"] > 0, row
             else:
                 assert sum(row[k] for k in ("leader_killed", "leader_paused", "standby_killed")) == 3, row
+            continue  # (times and counts: no rate to check)
         if scenario == "engine-vs" and "ratio" in row:
             assert row["ratio"] > 0 and row["this_tree_msgs_per_s"] > 0, row
         numbers = [v for k, v in row.items() if k.endswith(("_per_s", "bytes_per_message", "seconds_to_serving"))]
