@@ -432,3 +432,36 @@ def test_a_secured_cluster_elects_copies_and_fails_over_with_keys(make_cluster, 
         after = client.publish_many("jobs", [b"t %d" % i for i in range(50)])
         got = take(client, 150)
         assert sorted(got) == sorted(before + after)
+
+
+@pytest.mark.parametrize("toml, args, says", [
+    ('[cluster]\nzookeeper = "127.0.0.1:1"\n', ["--node", "n 1"], "cluster.node (or --node)"),
+    ('[cluster]\nzookeeper = "127.0.0.1:1"\n', ["--node", "x" * 10_000], "cluster.node (or --node)"),
+    ('[cluster]\nzookeeper = "127.0.0.1:1"\n', [], "cluster.node (or --node)"),  # no name anywhere
+    ('[cluster]\nreplicas_ack = 1\n', ["--node", "n1"], "--node needs a [cluster] block with zookeeper"),
+    ('[cluster]\nzookeeper = "127.0.0.1:1"\nnode = "n1"\n', ["--bind", "tcp://*:7781"], "cluster.advertise"),
+])
+def test_zq_serve_refuses_a_bad_node_setting_with_a_usage_error(tmp_path, toml, args, says):
+    import subprocess
+    import sys
+
+    from tests.adapters.support import env
+
+    cfg = tmp_path / "zq.toml"
+    cfg.write_text(toml)
+    done = subprocess.run([sys.executable, "-m", "zq.cli", "serve", "-c", str(cfg), "--data", str(tmp_path / "d"),
+                           *args], env=env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_lone_dispatcher_refuses_a_cluster_config(tmp_path):
+    """An embedded or hand-built Server with a [cluster] that names ZooKeeper would serve
+    unelected and unfenced beside the cluster's leader: it refuses, saying how to run one."""
+    from zq.core.errors import ConfigError
+    from zq.server.config import Config
+    from zq.server.loop import Server
+
+    cfg = Config.from_dict({"server": {"data": str(tmp_path / "d"), "bind": ["ipc://" + str(tmp_path / "s")]},
+                            "cluster": {"zookeeper": "127.0.0.1:1", "node": "n1", "advertise": "tcp://10.0.0.5:7780"}})
+    with pytest.raises(ConfigError, match="served by its nodes"):
+        Server(cfg)
