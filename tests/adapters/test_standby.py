@@ -424,3 +424,37 @@ def test_zq_connect_is_sent_on_by_a_standby_and_a_bad_hint_is_not_followed(tmp_p
     ring.failed()  # ... then died: not straight back to it
     assert ring.current == "tcp://b:2"
     assert ring.stale(0) and not ring.stale(2)  # a session of an older epoch than one seen is dropped
+
+
+def test_a_cluster_standby_keeps_clients_frames_while_no_leader_is_known_and_bounds_them(tmp_path):
+    """While no leader is vouched for, a cluster standby's responder keeps what clients
+    send (in order, with their keys), heartbeats them so they wait, keeps no heartbeats,
+    and keeps at most HELD_FRAMES_MAX (a flood is dropped and counted); handed over, it
+    gives the socket and the frames kept."""
+    import zmq
+
+    from zq import wire
+    from zq.server.standby import HELD_FRAMES_MAX, NotLeader
+
+    from .support import raw_dealer
+
+    endpoint = f"ipc://{tmp_path}/n.sock"
+    responder = NotLeader([endpoint], "", wait_for_leader=True, heartbeat_ms=200)
+    raw = raw_dealer(endpoint)
+    try:
+        raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "waiting client")))
+        raw.send(wire.HEARTBEAT_FRAME)
+        for i in range(HELD_FRAMES_MAX + 50):
+            raw.send(wire.encode(wire.Stats(i + 1)))
+        assert raw.poll(5000), "no heartbeat to keep the client waiting"
+        assert type(wire.server_decoder.decode(raw.recv())) is wire.Heartbeat
+        wait_until(lambda: responder.dropped == 51, timeout=20, what="the flood counted")
+        router, held = responder.hand_over()
+        assert len(held) == HELD_FRAMES_MAX
+        assert type(wire.client_decoder.decode(held[0][1])) is wire.Hello  # the order kept; no heartbeat kept
+        assert [wire.client_decoder.decode(f).req for _, f, _ in held[1:4]] == [1, 2, 3]
+        assert held[0][2] is None  # (no security: no key)
+        assert router.sock.getsockopt(zmq.TYPE) == zmq.ROUTER
+        router.close()
+    finally:
+        raw.close(0)

@@ -162,6 +162,8 @@ class NotLeader:
             peer, body = frames[0].bytes, frames[1].bytes
             if vouched:
                 self.answer(peer, body)
+            elif body == wire.HEARTBEAT_FRAME:
+                continue  # (nothing to keep: it only says the client is there)
             elif len(self.held) < HELD_FRAMES_MAX:
                 self.held.append((peer, body, key_of(frames[1])))
             else:
