@@ -81,7 +81,8 @@ class Coordinator:
                  on_change: Callable[[], None] = lambda: None) -> None:
         from kazoo.client import KazooClient  # the cluster's one dependency, loaded only by clusters
 
-        self.path, self.node, self.endpoint = path, node, endpoint
+        self.hosts, self.path, self.node, self.endpoint = hosts, path, node, endpoint
+        self.registered = False  # our member znode exists (see register)
         self.session_timeout_s = session_timeout_ms / 1000
         self.on_change = on_change
         self.zk = KazooClient(hosts=hosts, timeout=self.session_timeout_s)
@@ -107,8 +108,7 @@ class Coordinator:
             self.zk.start(timeout=wait_s)
         except KazooTimeoutError:
             self.zk.stop()
-            raise ElectionError(f"cannot reach ZooKeeper at {self.zk.hosts.hosts if hasattr(self.zk.hosts, 'hosts') else ''}"
-                                f" in {wait_s:.0f}s") from None
+            raise ElectionError(f"cannot reach ZooKeeper at {self.hosts} in {wait_s:.0f}s") from None
         self.zk.ensure_path(f"{self.path}/nodes")
         try:
             self.zk.create(f"{self.path}/state", b"", makepath=True)
@@ -121,17 +121,24 @@ class Coordinator:
         self.renewer.start()
 
     def register(self) -> None:
-        """Our ephemeral member node (again after a lost session)."""
-        from kazoo.exceptions import NodeExistsError
+        """Our ephemeral member node (again after a lost session). A node started again
+        right after a crash finds its previous session's node still there until that
+        session expires: the renewer tries again until it is ours."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
 
         body = msgspec.json.encode({"endpoint": self.endpoint})
         try:
             self.zk.create(f"{self.path}/nodes/{self.node}", body, ephemeral=True)
+            self.registered = True
         except NodeExistsError:  # a previous session of ours, not yet expired; or a duplicate node name
-            _, stat = self.zk.get(f"{self.path}/nodes/{self.node}")
-            if stat.ephemeralOwner != self.zk.client_id[0]:
-                log.warning("a node named %r is already in the cluster (or our last session has not expired yet)",
-                            self.node)
+            try:
+                _, stat = self.zk.get(f"{self.path}/nodes/{self.node}")
+            except NoNodeError:
+                return  # gone meanwhile: the next try creates it
+            self.registered = stat.ephemeralOwner == self.zk.client_id[0]
+            if not self.registered:
+                log.warning("a node named %r is in the cluster already (our previous session, until it "
+                            "expires, or another node with this name): trying again", self.node)
 
     def session_changed(self, state: str) -> None:
         from kazoo.protocol.states import KazooState
@@ -139,7 +146,7 @@ class Coordinator:
         if state == KazooState.SUSPENDED:
             self.suspended = True
         elif state == KazooState.LOST:
-            self.suspended, self.lost = True, True
+            self.suspended, self.lost, self.registered = True, True, False
             self.lease_until = 0.0
         else:  # CONNECTED: the same session (SUSPENDED ended), or a new one after LOST
             self.suspended = False
@@ -184,6 +191,11 @@ class Coordinator:
             if job is not None:
                 job()
             self.renew()
+            if not self.registered and not self.lost and not self.suspended:
+                try:
+                    self.register()
+                except Exception as exc:  # noqa: BLE001 -- ZooKeeper away: the next period tries again
+                    log.debug("register: %s", exc)
 
     def renew(self) -> bool:
         if self.lost or self.suspended:
@@ -249,6 +261,7 @@ class Coordinator:
         """A new session after LOST: the old lock and member node are gone; join again."""
         self.lock = None
         self.lost = False
+        self.registered = False
         self.register()
 
     # ------------------------------------------------------------ the in-sync set
