@@ -56,7 +56,6 @@ class Node:
         self.changed = threading.Event()  # ZooKeeper said something
         self.coord = Coordinator(self.cc.zookeeper, self.cc.path, self.cc.node, self.cc.advertise,
                                  self.cc.session_timeout_ms, on_change=self.changed.set)
-        self.role = "starting"
         self.server: Server | None = None  # the dispatcher while leading
         self.duty: LeaderDuty | None = None
         self.follower: Standby | None = None  # the standby while following
@@ -105,7 +104,6 @@ class Node:
         from zq.keys import client_curve
         from zq.server.standby import NotLeader, Standby
 
-        self.role = "standby"
         if self.responder is None:
             self.responder = NotLeader(self.config.bind, "", self.ctx, router=open_router(self.config, self.ctx),
                                        wait_for_leader=True, heartbeat_ms=self.config.heartbeat_ms)
@@ -209,7 +207,6 @@ class Node:
         server.adopt(waiting)  # what clients sent during the election: answered as if just arrived
         duty.stop_server = server.stop
         self.server, self.duty = server, duty
-        self.role = "leader"
 
         def watch() -> None:
             while not server.stopping.wait(0.05):
@@ -232,4 +229,3 @@ class Node:
             self.coord.release()
             self.changed.set()
             watcher.join(2)
-        self.role = "standby"

@@ -88,7 +88,6 @@ class Coordinator:
         self.zk = KazooClient(hosts=hosts, timeout=self.session_timeout_s)
         self.state: ClusterState | None = None
         self.alive: set[str] = set()  # the nodes with a live session (their member znodes)
-        self.state_version = -1
         self.suspended = False
         self.lost = False  # the session expired: every lock and ephemeral node of ours is gone
         self.lease_until = 0.0  # monotonic: a leader serves before this
@@ -154,7 +153,6 @@ class Coordinator:
 
     def state_changed(self, data: bytes | None, stat) -> None:  # type: ignore[no-untyped-def]
         self.state = decode_state(data)
-        self.state_version = stat.version if stat is not None else -1
         self.on_change()
 
     def members_changed(self, children: list[str]) -> None:
@@ -246,7 +244,7 @@ class Coordinator:
             self.release()
             return None
         self.lease_until = sent + LEASE_FRACTION * self.session_timeout_s
-        self.state, self.state_version = new, stat.version + 1
+        self.state = new
         return new
 
     def release(self) -> None:
@@ -285,14 +283,3 @@ class Coordinator:
             done(ok)
 
         self.jobs.put(job)
-
-    def members(self) -> dict[str, str]:
-        """Live nodes and their endpoints."""
-        out = {}
-        try:
-            for name in self.zk.get_children(f"{self.path}/nodes"):
-                raw, _ = self.zk.get(f"{self.path}/nodes/{name}")
-                out[name] = msgspec.json.decode(raw).get("endpoint", "")
-        except Exception as exc:  # noqa: BLE001 -- for display only
-            log.debug("members: %s", exc)
-        return out

@@ -68,7 +68,6 @@ class StandbyState:
     connected: bool = False
     heard_at: float = 0.0  # monotonic time of the leader's last frame
     leader_heartbeat_s: float = 1.0  # the leader's heartbeat interval (its WELCOME)
-    truncated: int = 0  # records deleted on joining a newer leader (what the old one wrote past it)
     snapshots: int = 0  # times this copy started over from the leader's snapshot (left behind by retention)
     error: str = ""
 
@@ -389,7 +388,6 @@ class Standby:
         answer = self.request(lambda req: wire.Admin(req, "epoch-end", {"epoch": mine}))
         end = min(answer["end"], self.journal.next_seq())
         deleted = replica.truncate_from(self.journal, end)
-        self.state.truncated += deleted
         if deleted:
             log.warning("standby: deleted %d records past bookmark %d (written in epoch %d; the leader's "
                         "epoch %d goes on from there)", deleted, end, mine, answer["epoch"])
