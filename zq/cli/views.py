@@ -167,7 +167,7 @@ def explain_text(doc: dict) -> str:
             when = clock_text(ev["ts_ms"])
             who = ev.get("name") or ev.get("consumer") or ""
             extra = f" delivery {ev['deliveries']}" if ev.get("deliveries") else ""
-            reason = f" ({ev['reason']})" if ev.get("reason") else ""
+            reason = f" ({ev['reason']}: {ev['error']})" if ev.get("error") else f" ({ev['reason']})" if ev.get("reason") else ""
             until = f" until {clock_text(ev['due_ms'])}" if "due_ms" in ev else ""
             lines.append(f"  {when}  {ev['kind']:<12} {who}{extra}{until}{reason}")
     elif "history" in doc:

@@ -267,7 +267,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 self.step_ids[(topic, msg_id)] = (first + i, now_ms)
         for q in queues:
             accept = q.filter
-            if q.barrier_fn is not None or q.ordered or q.tqd or due:
+            if q.barrier_fn is not None or q.ordered or q.tqd or due or q.lvq_fn is not None:
                 self.enqueue_each(q, topic, items, first, due)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
                 q.enqueue_run(first, len(items))  # no message of the batch names a group
@@ -284,10 +284,6 @@ class Engine(ManagementMixin, TargetDepthMixin):
                         q.enqueue(first + i, 0)
             else:
                 q.enqueue_run(first, len(items))
-            if q.lvq_fn is not None:
-                for i, (payload, headers, _) in enumerate(items):
-                    if q.filter is None or q.filter(headers, payload, topic):
-                        q.lvq_admit(first + i, q.lvq_fn(headers, payload, topic))
             if q.limited:
                 self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
@@ -296,7 +292,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def enqueue_each(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
                      first: int, due: int = 0) -> None:
         """Enqueue one by one on a queue that judges each message (barrier, priority, sort
-        key, target depth), or when they are delayed (``due``: Unix ms)."""
+        key, last value, target depth), or when they are delayed (``due``: Unix ms)."""
         accept, header = q.filter, q.settings.group_header
         for i, (payload, headers, _) in enumerate(items):
             if accept is not None and not accept(headers, payload, topic):
@@ -310,15 +306,23 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 q.inactive_due[seq] = due
                 q.delays_out.append((seq, 0, due, R.DELAY_PUBLISHED))
             return  # journal-only for now: read back as the queue drains
+        level, key = 0, None
+        if q.ordered or q.lvq_fn is not None:
+            judged = q.judge(seq, headers, payload, topic)
+            if judged is None:
+                return  # poison: set aside, dead-lettered when this step drains
+            level, key = judged
         if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
             q.enqueue(seq, 0)
-            q.barriers.append(seq)
-            return  # a barrier goes when everything before it is acked: a delay has no meaning
-        name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
-        gid = q.group_id(name) if name is not None else 0
-        q.enqueue(seq, gid, q.level_of(seq, headers, payload, topic) if q.ordered else 0)
-        if due and not q.browse:  # browsers see every message at once: nothing is leased
-            q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
+            q.barriers.append(seq)  # a barrier goes when everything before it is acked: a delay has no meaning
+        else:
+            name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
+            gid = q.group_id(name) if name is not None else 0
+            q.enqueue(seq, gid, level)
+            if due and not q.browse:  # browsers see every message at once: nothing is leased
+                q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
+        if key is not None:
+            q.lvq_admit(seq, key)
 
     def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
         """overflow = "reject": refuse the whole batch before anything is journaled."""
@@ -358,21 +362,22 @@ class Engine(ManagementMixin, TargetDepthMixin):
         counts toward the queue's limits (ring queues make room)."""
         if q.tqd and not q.admit(seq):
             return  # journal-only for now: read back as the queue drains
+        level, key = 0, None
+        if q.ordered or q.lvq_fn is not None:
+            m = self.message(seq)
+            if m is not None:
+                judged = q.judge(seq, m.headers, m.payload, m.topic)
+                if judged is None:
+                    return  # poison: set aside, dead-lettered when this step drains
+                level, key = judged
         if q.barrier_fn is not None:
             m = self.message(seq)
             if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
                 gid = 0
                 q.barriers.append(seq)
-        level = 0
-        if q.ordered:
-            m = self.message(seq)
-            if m is not None:
-                level = q.level_of(seq, m.headers, m.payload, m.topic)
         q.enqueue(seq, gid, level)
-        if q.lvq_fn is not None:
-            m = self.message(seq)
-            if m is not None:
-                q.lvq_admit(seq, q.lvq_fn(m.headers, m.payload, m.topic))
+        if key is not None:
+            q.lvq_admit(seq, key)
         if q.limited:
             if q.sizes is not None:
                 m = self.message(seq)
@@ -818,14 +823,19 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for reason, items in by_reason.items():
             seqs = [it[0] for it in items]
             ds = [it[2] for it in items]
-            self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason))
+            errors = [q.poison_errors.pop(seq, "") for seq in seqs] if reason == R.REASON_POISON else []
+            self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason,
+                                        errors=errors))
+            if errors:
+                self.notices.append(f"queue {q.name[:80]!r}: {len(seqs)} message(s) could not be evaluated and were "
+                                    f"set aside as poison (bookmark {seqs[0]}: {errors[0]})")
             target = q.settings.dead_letter
             if target and reason not in R.NOT_DEAD_LETTERED:
-                for seq, _, d, group in items:
-                    self.publish_dead_letter(q, target, seq, reason, d, group)
+                for i, (seq, _, d, group) in enumerate(items):
+                    self.publish_dead_letter(q, target, seq, reason, d, group, errors[i] if errors else "")
 
     def publish_dead_letter(
-        self, q: Queue, target: str, seq: int, reason: str, deliveries: int, group: str | None
+        self, q: Queue, target: str, seq: int, reason: str, deliveries: int, group: str | None, error: str = ""
     ) -> None:
         """Publish an expired message's copy to ``target`` (the journal copies the payload).
 
@@ -849,6 +859,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 headers["zq.error"] = causes.last_error
             if causes.last_consumer:
                 headers["zq.consumer"] = causes.last_consumer
+        if error:  # poison: why its content could not be evaluated
+            headers["zq.error"] = error
         reclaimed = q.reclaims_done.get(seq) or q.reclaims.get(seq)
         if reclaimed:  # given back unstarted this often (not counted in zq.deliveries' limit)
             headers["zq.reclaimed"] = str(reclaimed)
@@ -947,6 +959,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
                              "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
                 "replaced": q.replaced,
+                "poisoned": q.poisoned,  # set aside: content the queue could not evaluate (R.REASON_POISON)
                 "inactive": q.inactive,
                 "kind": queue_kind(q.settings),
                 "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
@@ -1069,22 +1082,25 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     if due:
                         q.inactive_due[msg.seq] = due
                     continue  # stays in the journal: read in as the queue drains
+                level, key = 0, None
+                if q.ordered or q.lvq_fn is not None:
+                    m = msg if msg.copy_of is None else eng.message(msg.seq)
+                    if m is not None:
+                        judged = q.judge(msg.seq, m.headers, m.payload, m.topic)
+                        if judged is None:
+                            continue  # poison (journaled by a zq that let it in): set aside, said at the first drain
+                        level, key = judged
                 gid = 0
                 barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
                 if q.grouped and not barrier:
                     name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
-                level = 0
-                if q.ordered:
-                    m = msg if msg.copy_of is None else eng.message(msg.seq)
-                    if m is not None:
-                        level = q.level_of(msg.seq, m.headers, m.payload, m.topic)
                 q.enqueue(msg.seq, gid, level)
                 if barrier:
                     q.barriers.append(msg.seq)
-                if q.lvq_fn is not None:
-                    q.lvq_admit(msg.seq, q.lvq_fn(msg.headers, msg.payload, msg.topic))
+                if key is not None:
+                    q.lvq_admit(msg.seq, key)
                 if q.sizes is not None:
                     q.sizes[msg.seq] = len(msg.payload)
                     q.bytes += len(msg.payload)

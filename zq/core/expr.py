@@ -28,6 +28,14 @@ msgspec Struct type of just those keys, so msgspec skips everything else. A payl
 whose shape does not fit (``order`` is a string where ``/order/qty`` expects an
 object) falls back to a generic decode and a walk, giving NULL where the path fails.
 
+Messages that cannot be evaluated: whatever a body holds (strings that are not valid
+UTF-8, nesting past the decoder's depth, integers beyond what arithmetic or a float
+holds), an expression never raises out of itself for one message's content: a filter
+is then FALSE (the message does not match), and a value expression raises
+``Unevaluable``, which its caller turns into that message's fate alone (a queue sets
+the message aside as poison; a query counts it as NULL). The generated function's
+``try`` costs nothing while nothing raises.
+
 NOT is pushed down to the leaves at compile time (De Morgan); every leaf yields
 exactly TRUE, FALSE or NULL(None), so Python's ``and`` / ``or`` then decide "is it
 TRUE" correctly and short-circuit. ``reference_eval`` is the straightforward
@@ -43,7 +51,7 @@ from typing import Any, Callable, NamedTuple
 
 import msgspec
 
-from zq.core.errors import ConfigError, ProtocolError
+from zq.core.errors import ConfigError, ProtocolError, ZqError
 from zq.core.regex import PatternError, compile_pattern
 
 EXPR_CHARS_MAX = 4096  # defaults (configurable: server.max_filter_chars etc.)
@@ -91,6 +99,19 @@ class ExprError(ProtocolError):
         if text:
             detail += f"\n  {text}\n  {' ' * position}^"
         super().__init__(detail)
+
+
+class Unevaluable(ZqError):
+    """A value expression could not be evaluated on one message's content (a body that
+    is not valid UTF-8 inside, nested past the decoder's depth, numbers too large for
+    the arithmetic...). Raised only by value expressions: a filter is simply FALSE."""
+
+    code = "poison"
+    TEXT_MAX = 200  # characters of the cause kept (a dead letter's ``zq.error``)
+
+    def __init__(self, cause: BaseException) -> None:
+        text = f"{type(cause).__name__}: {cause}"
+        super().__init__(text if len(text) <= self.TEXT_MAX else text[: self.TEXT_MAX - 3] + "...")
 
 
 # --------------------------------------------------------------------- tokens
@@ -837,6 +858,7 @@ HELPERS = {
     **{f"_{op}": fn for op, fn in COMPARE.items()},
     "_truth": truth, "_in": in_list, "_text": text_match, "_arith": arith, "_negate": negate,
     "_walk": walk, "_containers": (dict, list), "type": type, "int": int, "float": float, "_Error": msgspec.MsgspecError,
+    "_Exception": Exception, "_Unevaluable": Unevaluable,
 }
 
 
@@ -849,7 +871,7 @@ def _compile(text: str, want_condition: bool, limits: ExprLimits) -> Compiled:
         raise ExprError("expected a value (a field or arithmetic), not a condition", text, tree[1])
     g = CodeGen()
     body = g.gen(tree)
-    lines = ["def _expr(h, p, t):"]
+    lines = ["def _expr(h, p, t):", "  try:"]
     for name, var in g.headers.items():
         lines.append(f"    {var} = h.get({name!r})")
     if g.paths:
@@ -868,6 +890,10 @@ def _compile(text: str, want_condition: bool, limits: ExprLimits) -> Compiled:
         lines.append("    else:")
         lines.append(f"        {names}{',' if len(g.paths) == 1 else ''} = {rd}.slow(_r)")
     lines.append(f"    return ({body}) is True" if want_condition else f"    return {body}")
+    # Total over every message (see "Messages that cannot be evaluated" above): a body
+    # the decoders or the helpers cannot read never raises out of an expression.
+    lines.append("  except _Exception as _e:")
+    lines.append("    return False" if want_condition else "    raise _Unevaluable(_e) from None")
     source = "\n".join(lines)
     scope: dict[str, Any] = {"__builtins__": {}}
     scope.update(HELPERS)

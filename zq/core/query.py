@@ -8,6 +8,7 @@ counts rows, ``count(EXPR)`` counts non-NULL values).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -46,6 +47,15 @@ def parse_aggregate(text: str, limits: expr.ExprLimits = expr.DEFAULT_LIMITS) ->
     return Aggregate(label, m.group(1).lower(), value)
 
 
+def _value(c: expr.Compiled, h: dict[str, str], p: bytes, t: str) -> Any:
+    """A value expression over one message; NULL where its content cannot be evaluated
+    (``expr.Unevaluable``): a query reads messages, it never fails on one."""
+    try:
+        return c.fn(h, p, t)
+    except expr.Unevaluable:
+        return None
+
+
 class Query:
     """A compiled query: feed messages with ``add``, read rows with ``rows``."""
 
@@ -64,7 +74,7 @@ class Query:
         h, p, t = m.headers, m.payload, m.topic
         if self.filter is not None and not self.filter.fn(h, p, t):
             return
-        key = tuple(c.fn(h, p, t) for _, c in self.group_by)
+        key = tuple(_value(c, h, p, t) for _, c in self.group_by)
         state = self.groups.get(key)
         if state is None:
             if len(self.groups) >= GROUPS_MAX:
@@ -74,14 +84,17 @@ class Query:
             if agg.value is None:
                 acc[0] += 1
                 continue
-            v = agg.value.fn(h, p, t)
+            v = _value(agg.value, h, p, t)
             if v is None:
                 continue
             if agg.fn in ("sum", "avg"):
                 v = expr.to_number(v)
                 if v is None:
                     continue
-                acc[1] = v if acc[1] is None else acc[1] + v
+                try:
+                    acc[1] = v if acc[1] is None else acc[1] + v
+                except OverflowError:  # a huge int beside a float: the sum is beyond a float
+                    acc[1] = math.inf if (acc[1] > 0) == (v > 0) else math.nan
             elif agg.fn in ("min", "max"):
                 cur = acc[1]
                 if cur is None:

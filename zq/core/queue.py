@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING
 from zq.core import limits
 from zq.core import records as R
 from zq.core.errors import LimitError
-from zq.core.expr import compile_filter, compile_value
+from zq.core.expr import Unevaluable, compile_filter, compile_value
 from zq.core.fairshare import FairShare
 from zq.core.regex import compile_pattern
 from zq.core.ordering import SEQ_MASK, level_function, priority_level, sort_level
@@ -280,6 +280,9 @@ class Queue:
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = 0
         self.lost_settles = 0  # fenced settles not applied: their delivery was no longer live
+        # Poison (``judge``): messages whose content the queue could not evaluate, set aside.
+        self.poisoned = 0
+        self.poison_errors: dict[int, str] = {}  # this step's: seq -> why (its event and dead letter carry it)
         # Delays (retry backoff, publish delay): see the module docstring.
         self.delayed: dict[int, tuple[int, int]] = {}  # seq -> (due ms, group id)
         self.delay_heap: list[tuple[int, int]] = []  # (due ms, seq); entries no longer in ``delayed`` are stale
@@ -331,6 +334,29 @@ class Queue:
 
     def can_take_group(self, name: str) -> bool:
         return name in self.gid_of or len(self.groups) < self.settings.max_groups
+
+    def judge(self, seq: int, headers: dict[str, str], payload: bytes, topic: str) -> tuple[int, object] | None:
+        """What an entering message's content decides in an ordered or last-value queue:
+        its level and its last-value key. None when the content cannot be evaluated
+        (``expr.Unevaluable``, or anything the ordering raises on it): the message is set
+        aside as poison (``poison``), live and at recovery alike, and fails alone. The key
+        is read first: ``level_of`` moves a fair queue's tag, which must not move for a
+        message that does not enter."""
+        try:
+            key = self.lvq_fn(headers, payload, topic) if self.lvq_fn is not None else None
+            return (self.level_of(seq, headers, payload, topic) if self.ordered else 0), key
+        except Exception as exc:  # noqa: BLE001 -- one message's content must never stop the dispatcher
+            self.poison(seq, exc)
+            return None
+
+    def poison(self, seq: int, exc: Exception) -> None:
+        """Set aside a message that never entered: it expires with reason ``poison`` (and
+        is dead-lettered with the error) as soon as the engine drains this queue."""
+        self.published += 1
+        self.expired += 1
+        self.poisoned += 1
+        self.poison_errors[seq] = str(exc) if isinstance(exc, Unevaluable) else str(Unevaluable(exc))
+        self.expired_out.append((seq, R.REASON_POISON, 0, None))
 
     def level_of(self, seq: int, headers: dict[str, str], payload: bytes, topic: str) -> int:
         """An ordered queue's level for a message entering it (called once per entry:

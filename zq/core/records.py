@@ -46,6 +46,10 @@ REASON_BARRIER = "barrier"  # a barrier message was delivered to every matching 
 REASON_MAX_FAILURES = "max-failures"  # cancelled with an error string this many times
 REASON_MAX_LEASE_EXPIRIES = "max-lease-expiries"
 REASON_MAX_CONSUMER_GONE = "max-consumer-gone"  # its holder's session ended (or the dispatcher died) this often
+# Its content could not be evaluated by the queue (priority, sort key, last-value key): set
+# aside on entry, live or at recovery, so that one message never stops a dispatcher. The
+# ``expired`` event carries the error per bookmark (``errors``), the dead letter ``zq.error``.
+REASON_POISON = "poison"
 RETURN_RESTART = "dispatcher-restart"  # the reason of a ``returned`` event journaled by recovery: held when it died
 NOT_DEAD_LETTERED = (REASON_REPLACED, REASON_BARRIER)  # a last-value queue kept a newer message of the same key (not dead-lettered)
 
@@ -75,6 +79,7 @@ class Event(msgspec.Struct, array_like=True, gc=False, tag="e"):
     reason: str = ""
     consumer_name: str = ""  # the name the consumer gave at HELLO (appended: older records decode with "")
     due_ms: list[int] = []  # ``delayed``: when each bookmark may go (Unix ms); appended, [] elsewhere
+    errors: list[str] = []  # ``expired`` for poison: why each bookmark could not be evaluated; appended, [] elsewhere
 
 
 class QueueDeclared(msgspec.Struct, array_like=True, gc=False, tag="q"):

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import msgspec
 
 from zq.core import limits
+from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.errors import ProtocolError
 from zq.core.explain import explain as explain_message
@@ -164,6 +165,13 @@ def explain(server: AdminHost, peer: Peer, a: ExplainArgs, now: int) -> Any:
         out["topic"], out["published_ms_ago"], out["msg_id"] = msg.topic, max(0, now - msg.ts_ms), msg.msg_id
     out["history"], out["history_complete"] = history(server.journal, a.queue, seq, min(max(a.history, 0),
                                                                                        EXPLAIN_HISTORY_MAX))
+    poison = next((ev for ev in out["history"] if ev["kind"] == R.EXPIRED and ev["reason"] == R.REASON_POISON), None)
+    if poison is not None and out["state"] == "not-in-queue":
+        target = server.engine.queue(a.queue).settings.dead_letter
+        out["state"] = "poisoned"
+        out["why"] = [f"set aside as poison: the queue could not evaluate its content ({poison.get('error', '?')}); "
+                      + (f"dead-lettered to {target!r} with zq.reason = poison" if target else
+                         "the queue has no dead_letter, so it was dropped")]
     return out
 
 
@@ -182,6 +190,8 @@ def history(journal: LmdbJournal, queue: str, seq: int, keep: int) -> tuple[list
                 "name": ev.consumer_name, "deliveries": n, "reason": ev.reason}
         if len(ev.due_ms) == len(ev.bookmarks):  # a ``delayed`` event: until when
             item["due_ms"] = ev.due_ms[i]
+        if len(ev.errors) == len(ev.bookmarks):  # poison: why its content could not be evaluated
+            item["error"] = ev.errors[i]
         found.append(item)
     return found[-keep:] if keep else [], True
 

@@ -12,7 +12,8 @@ Metric names (all labelled by ``queue`` where per queue):
   ``zq_expired_total``, ``zq_dead_lettered_total``, ``zq_redelivered_total``, and unfinished
   deliveries by cause: ``zq_failed_total``, ``zq_lease_expiries_total``,
   ``zq_consumers_gone_total``, and ``zq_reclaimed_total`` (deliveries given back unstarted
-  for an idle consumer) (counters)
+  for an idle consumer), ``zq_poisoned_total`` (set aside: content the queue could not
+  evaluate) (counters)
 * ``zq_queue_oldest_message_seconds`` (gauge; 0 when nothing waits)
 * ``zq_tenant_held`` (gauge, labelled ``queue`` and ``tenant``: messages a tenant holds in a
   fair queue, waiting or leased; the ten tenants holding most, so a scrape stays small)
@@ -31,7 +32,7 @@ from prometheus_client.registry import CollectorRegistry
 from zq.core.errors import ConfigError
 
 COUNTERS = ("published", "delivered", "acked", "cancelled", "expired", "dead_lettered", "redelivered", "failed",
-            "lease_expiries", "consumers_gone", "reclaimed")
+            "lease_expiries", "consumers_gone", "reclaimed", "poisoned")
 
 
 class ZqCollector:
