@@ -3,7 +3,7 @@ groups, run-time queues; each journaled so recovery agrees."""
 
 import pytest
 
-from zq.core import QueueSettings
+from zq.core import Engine, QueueSettings
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError
 from zq.journal.base import recover_engine
@@ -146,3 +146,55 @@ def test_a_run_time_queue_shadowed_by_the_config_is_reported_and_the_config_wins
         again = recover_engine(journal, [QueueSettings(name="jobs", lease_ms=9000)])
     assert again.queues["jobs"].settings.lease_ms == 9000
     assert "config wins" in caplog.text
+
+
+# ------------------------------------------------- a queue's name is reserved (issue 31 §3)
+
+
+def test_a_publish_to_a_queue_name_its_topics_do_not_take_is_refused_before_it_is_journaled():
+    from zq.core.errors import ReservedNameError
+
+    h = Harness(QueueSettings(name="orders", topics=r"^orders\..*", dead_letter="orders.dead"))
+    first = h.pub("orders.eu")
+    h.drain()
+    records = len(h.records)
+    with pytest.raises(ReservedNameError, match=r"'orders' is the name of queue 'orders'.*publish to one of its topics"):
+        h.pub("orders")
+    assert h.engine.queues["orders"].settings.topics == r"^orders\..*"  # never replaced by an auto-created queue
+    assert [s for s, _ in h.engine.peek("orders", 10)] == first
+    h.drain()
+    assert len(h.records) == records  # nothing journaled
+    h.sub("w", "orders")  # a subscription by name reaches the configured queue
+    assert h.drain() == {"w": first}
+
+
+def test_a_queue_is_never_replaced_and_dead_letters_cannot_target_a_queue_that_refuses_them():
+    with pytest.raises(ConfigError, match="dead_letter 'held' is the name of queue 'held'.*reach no queue"):
+        Engine([QueueSettings(name="jobs", dead_letter="held"), QueueSettings(name="held", topics="^parked$")])
+    Engine([QueueSettings(name="jobs", dead_letter="held"), QueueSettings(name="held", topics="^(parked|held)$")])
+    h = Harness(QueueSettings(name="jobs", dead_letter="jobs.failed"))
+    with pytest.raises(ProtocolError, match="already exists"):
+        h.engine.add_queue(QueueSettings(name="jobs"))
+    with pytest.raises(ConfigError, match="dead_letter 'jobs.failed'"):  # a run-time queue taking the target's name
+        h.engine.declare_queue(QueueSettings(name="jobs.failed", topics="^other$"), lambda name: False)
+    h.engine.declare_queue(QueueSettings(name="parking", topics="^p$"), lambda name: False)
+    with pytest.raises(ConfigError, match="queue 'x': dead_letter 'parking'"):
+        h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^x$"), lambda name: False)
+    h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^(x|parking)$"), lambda name: False)
+    h.engine.declare_queue(QueueSettings(name="jobs.failed", topics="^jobs[.]failed$"), lambda name: False)
+
+
+def test_a_copy_to_a_reserved_name_stays_in_the_journal_and_says_so():
+    """A redrive's copy goes back to its original topic; should that topic meanwhile be the
+    name of a queue that does not take it, the copy is journaled there (never lost from the
+    journal), in no queue, and a notice says so; nothing raises mid-slice."""
+    h = Harness(QueueSettings(name="jobs", dead_letter="jobs.dead"))
+    seq = h.pub("jobs")[0]
+    h.drain()
+    h.engine.purge("jobs", h.now)
+    h.engine.queues.pop("jobs")
+    h.engine.route_cache.clear()
+    h.engine.add_queue(QueueSettings(name="jobs", topics="^jobs2$"))
+    copy = h.engine.publish_copy("jobs", seq, {})
+    assert h.engine.route("jobs") == [] and any("in no queue" in n for n in h.engine.notices)
+    assert any(type(r) is R.Message and r.seq == copy for r in h.engine.drain(h.now).records)

@@ -36,6 +36,7 @@ from zq.core.errors import (
     NotSupportedError,
     ProtocolError,
     QueueFullError,
+    ReservedNameError,
     UnknownQueueError,
     UnknownSubscriptionError,
     ZqError,
@@ -45,7 +46,14 @@ from zq.core.effects import Deliver, Output, Revoke  # noqa: F401 -- also zq.cor
 from zq.core.manage import ManagementMixin
 from zq.core.query import Query
 from zq.core.queue import Queue, Subscription
-from zq.core.settings import DEDUP_WINDOW_MS_DEFAULT, QueueSettings, auto_queue, check_queue_name, check_topic
+from zq.core.settings import (
+    DEDUP_WINDOW_MS_DEFAULT,
+    QueueSettings,
+    auto_queue,
+    check_queue_name,
+    check_topic,
+    covers_topic,
+)
 
 
 # Publish -> ack latency histogram bucket upper bounds (ms); the last bucket is +Inf.
@@ -109,11 +117,16 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.tables_changes = 0
         for settings in queues:
             self.add_queue(settings.validate(), declare=False)
+        for q in self.queues.values():
+            if q.settings.dead_letter is not None:
+                self.check_dead_letter(q.settings.dead_letter, q.name)
 
     # ------------------------------------------------------------- queues
 
     def add_queue(self, settings: QueueSettings, *, declare: bool = True) -> Queue:
-        if settings.name not in self.queues and len(self.queues) >= limits.QUEUES_MAX:
+        if settings.name in self.queues:  # a queue is never replaced by another of its name
+            raise ProtocolError(f"queue {settings.name!r} already exists")
+        if len(self.queues) >= limits.QUEUES_MAX:
             raise LimitError(f"too many queues (max {limits.QUEUES_MAX})")
         if settings.target_queue_depth and self.scan is None:
             raise ConfigError(f"queue {settings.name!r}: target_queue_depth needs an engine with a journal scan port")
@@ -139,13 +152,37 @@ class Engine(ManagementMixin, TargetDepthMixin):
             self.route_cache[topic] = qs
         return qs
 
-    def route_or_create(self, topic: str, *, dead_letter: bool = True) -> list[Queue]:
-        """The queues covering ``topic``; with none, an auto-created queue of that name."""
+    def route_or_create(self, topic: str, *, dead_letter: bool = True, strict: bool = True) -> list[Queue]:
+        """The queues covering ``topic``; with none, an auto-created queue of that name.
+
+        A queue's name is reserved: when no queue covers ``topic`` but a queue is named
+        so (its ``topics`` take other names), a message there would reach no queue, or
+        an auto-created queue would take the name. ``strict`` (a publish, a move) refuses
+        it before anything is journaled; a copy that must go somewhere (a dead letter, a
+        redrive) is journaled on its topic in no queue, and a notice says so.
+        """
         queues = self.route(topic)
-        if not queues and self.auto_queues:
-            queues = [self.add_queue(auto_queue(topic, self.next_seq, dead_letter=dead_letter))]
-            self.route_cache.pop(topic, None)
+        if not queues:
+            named = self.queues.get(topic)
+            if named is not None:
+                text = (f"{topic!r} is the name of queue {topic!r}, which takes the topics matching "
+                        f"{named.settings.topics!r}, not {topic!r}")
+                if strict:
+                    raise ReservedNameError(f"{text}: publish to one of its topics (or give the queue publish_to)")
+                self.notices.append(f"a copy published to {text}: it is in the journal, in no queue")
+            elif self.auto_queues:
+                queues = [self.add_queue(auto_queue(topic, self.next_seq, dead_letter=dead_letter))]
+                self.route_cache.pop(topic, None)
         return queues
+
+    def check_dead_letter(self, target: str, source: str, new: QueueSettings | None = None) -> None:
+        """Refuse a dead-letter target that names a queue not taking it as a topic: its
+        dead letters would reach no queue. ``new``: a queue about to be declared."""
+        named = new if new is not None and new.name == target else (q.settings if (q := self.queues.get(target)) else None)
+        if named is None or self.route(target) or new is not None and covers_topic(new, target):
+            return
+        raise ConfigError(f"queue {source!r}: dead_letter {target!r} is the name of queue {target!r}, whose topics "
+                          f"({named.topics!r}) do not include {target!r}: its dead letters would reach no queue")
 
     def resolve_topic(self, topic: str) -> str:
         q = self.queues.get(topic)
@@ -864,7 +901,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         reclaimed = q.reclaims_done.get(seq) or q.reclaims.get(seq)
         if reclaimed:  # given back unstarted this often (not counted in zq.deliveries' limit)
             headers["zq.reclaimed"] = str(reclaimed)
-        queues = self.route_or_create(target, dead_letter=False)
+        queues = self.route_or_create(target, dead_letter=False, strict=False)
         new_seq = self.take_seq()
         self.records.append(R.Message(new_seq, self.now_ms, target, headers, b"", None, copy_of=seq))
         self.note_time(self.now_ms, new_seq)

@@ -17,6 +17,13 @@ class ProtocolError(ZqError):
     code = "protocol"
 
 
+class ReservedNameError(ProtocolError):
+    """A publish to a queue's name that the queue does not take as a topic: it would reach
+    no queue (or, with auto-created queues, redefine that queue), so it is refused."""
+
+    code = "reserved-name"
+
+
 class UnknownQueueError(ZqError):
     code = "unknown-queue"
 

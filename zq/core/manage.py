@@ -243,7 +243,7 @@ class ManagementMixin:
         ``headers`` are added to the source's; with none, zq's own ``zq.*`` headers are
         dropped (``resolve_copy``), which is what redrive wants.
         """
-        queues = self.route_or_create(topic)  # type: ignore[attr-defined]  # (a new queue starts before the copy)
+        queues = self.route_or_create(topic, strict=False)  # type: ignore[attr-defined]  # (a new queue starts before the copy)
         new_seq = self.take_seq()  # type: ignore[attr-defined]
         self.records.append(R.Message(new_seq, self.now_ms, topic, headers, b"", None, copy_of=source_seq))
         self.note_time(self.now_ms, new_seq)  # type: ignore[attr-defined]
@@ -282,6 +282,11 @@ class ManagementMixin:
             raise ConfigError(f"queue {settings.name!r} is defined in the config file, which wins; change it there")
         if settings.name in self.queues:
             raise ProtocolError(f"queue {settings.name!r} already exists")
+        if settings.dead_letter is not None:
+            self.check_dead_letter(settings.dead_letter, settings.name, settings)  # type: ignore[attr-defined]
+        for q in self.queues.values():  # type: ignore[attr-defined]
+            if q.settings.dead_letter == settings.name:
+                self.check_dead_letter(settings.name, q.name, settings)  # type: ignore[attr-defined]
         settings = msgspec.structs.replace(settings, start_seq=self.next_seq)  # type: ignore[attr-defined]
         self.add_queue(settings)  # type: ignore[attr-defined]
 

@@ -228,6 +228,13 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{where}: priority_aging must be a whole number 0..{limits.PRIORITY_AGING_MAX}")
 
 
+def covers_topic(settings: QueueSettings, topic: str) -> bool:
+    """Would a queue of these settings take ``topic`` (``Queue.covers`` before it exists)?"""
+    if settings.topics is None:
+        return topic == settings.name
+    return compile_pattern(settings.topics).fullmatch(topic) is not None
+
+
 def auto_queue(name: str, start_seq: int, dead_letter: bool = True) -> QueueSettings:
     """The queue created for a name no queue covers (DESIGN: auto-created queues)."""
     return QueueSettings(
