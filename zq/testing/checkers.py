@@ -35,6 +35,10 @@ the safety properties zq promises after every step:
   consumer, not in dispatch order). Left out: queues with content-filtered
   subscribers, and a tenant that lost a place unserved (a message expired, purged or
   replaced before delivery still took its place in the order) until the next restart;
+* poison: a message a queue cannot evaluate (its last-value key, priority or sort key
+  raise ``Unevaluable`` on its body) is set aside in the step it entered (an ``expired``
+  event with reason ``poison``, the error named), never delivered; a message the queue
+  can evaluate is never set aside;
 * the engine's own structures agree with each other (``check_engine``).
 """
 
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 
 from zq.core import records as R
 from zq.core.engine import Engine
+from zq.core.expr import Unevaluable
 from zq.core.ordering import priority_of
 from zq.core.queue import Queue
 from zq.core.settings import QueueSettings
@@ -76,6 +81,7 @@ class QueueView:
     max_deliveries: int = 0  # a message expires for it only after this many counted (not given back) deliveries
     tqd: bool = False  # messages read back in from the journal after a restart lose their accounts
     fair: "FairView | None" = None  # tenants: what the fair-share bound is checked against
+    poison: set[int] = field(default_factory=set)  # entered this step, content unevaluable: must be set aside
 
 
 @dataclass
@@ -186,6 +192,17 @@ class FairView:
 PRIORITY_SPREAD = 10  # the simulator's largest priority minus its smallest
 
 
+def unevaluable(q: Queue, m: R.Message) -> bool:
+    """Does the queue's judgment of an entering message (``Queue.judge``) fail on it?"""
+    try:
+        for fn in (q.lvq_fn, q.priority_fn, q.level_fn):
+            if fn is not None:
+                fn(m.headers, m.payload, m.topic)
+    except Unevaluable:
+        return True
+    return False
+
+
 class Oracle:
     def __init__(self) -> None:
         self.queues: dict[str, QueueView] = {}
@@ -213,6 +230,10 @@ class Oracle:
                 self.on_message(engine, rec)
             elif type(rec) is R.Event:
                 self.on_event(engine, rec)
+        for name, view in self.queues.items():
+            if view.poison:
+                raise InvariantError(f"{name}: {sorted(view.poison)[:5]} cannot be evaluated but were not set aside "
+                                     "as poison in the step they entered")
         for name, leased in self.step_leased.items():
             self.check_rank_order(engine, name, leased)
         for name, view in self.queues.items():
@@ -248,6 +269,11 @@ class Oracle:
                     continue
             view = self.queue_view(q)
             self.check_dead_letter(msg)
+            if (q.ordered or q.lvq_fn is not None) and unevaluable(q, engine.message(msg.seq) or msg):
+                view.confirmed[msg.seq] = None
+                view.open.add(msg.seq)
+                view.poison.add(msg.seq)  # its ``expired`` event must follow in this step
+                continue
             if q.barrier_fn is not None:
                 content = engine.message(msg.seq) or msg
                 if q.barrier_fn(content.headers, content.payload, content.topic):
@@ -295,6 +321,14 @@ class Oracle:
                 return
             view = self.queue_view(q)
         kind = ev.kind
+        if kind == R.EXPIRED and ev.reason == R.REASON_POISON:
+            if len(ev.errors) != len(ev.bookmarks) or not all(ev.errors):
+                raise InvariantError(f"{ev.queue}: poison {ev.bookmarks} set aside without its errors: {ev.errors}")
+            for seq in ev.bookmarks:
+                if seq not in view.poison:
+                    raise InvariantError(f"{ev.queue}: {seq} set aside as poison, yet the queue can evaluate it "
+                                         "(or it was not entering)")
+                view.poison.discard(seq)
         for seq in ev.bookmarks:
             if kind == R.LEASED:
                 if view.fair is not None:  # (first: at-most-once finishes the message as it is leased)
@@ -346,6 +380,8 @@ class Oracle:
 
     def on_leased(self, view: QueueView, ev: R.Event, seq: int) -> None:
         self.deliveries += 1
+        if seq in view.poison:
+            raise InvariantError(f"{ev.queue}: {seq} delivered to {ev.consumer}, though it cannot be evaluated")
         if seq in view.acked:
             raise InvariantError(f"{ev.queue}: acked message {seq} delivered again to {ev.consumer}")
         if seq in view.held:

@@ -28,6 +28,7 @@ import msgspec
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine, Output
+from zq.core.queue import Queue
 from zq.core.errors import QueueFullError, ZqError
 from zq.core.settings import QueueSettings
 from zq.core.explain import explain
@@ -41,6 +42,18 @@ COLORS = ("red", "blue", "green")
 PRIORITIES = (None, "0", "1", "2", "3", "10")  # the spread is checkers.PRIORITY_SPREAD
 TENANTS = ("a", "b", "c", "")
 FILTERS = ("color = 'red'", "color IN ('red', 'blue')", "color != 'green'", "NOT color = 'red'")
+# Poison (runs with ``p_poison``): the content expressions read the body, and some bodies
+# cannot be read (not UTF-8 inside, nested past the decoder's depth): a queue that must
+# evaluate one sets it aside as poison, a filter does not match it (checkers.Oracle).
+POISON_BODIES = (b'{"color": "\xff\xfe", "prio": "\xff"}', b'{"prio": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+                 b"\x82\xa5color\xa3red\xa4prio\xa2\xff\xfe")  # the last: msgpack
+
+
+def read_body(expression: str) -> str:
+    """The simulator's header expressions, reading the body instead ("prio" -> "/prio")."""
+    for name in ("color", "prio"):
+        expression = expression.replace(name, "/" + name)
+    return expression
 
 
 @dataclass
@@ -63,6 +76,7 @@ class SimOptions:
     p_crash_before_commit: float
     max_jump_ms: int
     p_delay: float = 0.0  # a publish waits (not-before) up to 500 ms
+    p_poison: float = 0.0  # a publish's body cannot be read; >0: content expressions read bodies
 
     @classmethod
     def draw(cls, seed: int, steps: int) -> "SimOptions":
@@ -121,6 +135,12 @@ class SimOptions:
                     queues[i] = msgspec.structs.replace(queues[i], group_header=None)
                 if queues[i].priority and fair_rng.random() < 0.5:
                     queues[i] = msgspec.structs.replace(queues[i], priority_aging=fair_rng.choice([1, 3]))
+        poison_rng = random.Random(seed * 131 + 29)  # its own stream: the other draws stay as they were
+        p_poison = poison_rng.choice([0.0, 0.0, 0.02, 0.05])
+        if p_poison:
+            for i, q in enumerate(queues):
+                queues[i] = msgspec.structs.replace(q, **{k: read_body(getattr(q, k)) for k in
+                                                          ("priority", "sort_key", "lvq_key", "filter") if getattr(q, k)})
         topics = sorted({f"t{i}" for i in range(len(queues))} | {"shared"})
         ngroups = rng.choice([1, 3, 10])
         return cls(
@@ -142,6 +162,7 @@ class SimOptions:
             p_crash_before_commit=rng.choice([0.0, 0.5]),
             max_jump_ms=rng.choice([5, 50, 400]),
             p_delay=rng.choice([0.0, 0.1, 0.4]),
+            p_poison=p_poison,
         )
 
 
@@ -165,6 +186,7 @@ class Simulator:
         self.rng = random.Random(seed * 7919 + 1)
         self.tenant_rng = random.Random(seed * 7919 + 2)
         self.reclaim_rng = random.Random(seed * 7919 + 3)  # its own stream: the other draws stay as they were
+        self.poison_rng = random.Random(seed * 7919 + 4)
         self.p_reclaimable = self.reclaim_rng.choice([0.0, 0.5, 0.9])
         self.released: set[tuple[str, int, int]] = set()  # this step's (consumer, bookmark, epoch) given back
         self.reclaimed = 0  # deliveries given back unstarted (reclaiming at work)
@@ -259,7 +281,7 @@ class Simulator:
             if s.max_depth and s.overflow == "reject" and q.held() > s.max_depth:
                 raise InvariantError(f"{s.name}: {q.held()} messages held over max_depth {s.max_depth} (reject)")
             if s.lvq_key:
-                keys = [self.journal.get_message(seq).headers.get(s.lvq_key) for seq in q.waiting_set()]
+                keys = [lvq_key(q, self.journal.get_message(seq)) for seq in q.waiting_set()]
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
@@ -403,6 +425,8 @@ class Simulator:
         flt = None
         if filtered and self.rng.random() < self.options.p_filtered:
             flt = self.rng.choice(FILTERS)
+            if self.options.p_poison:
+                flt = read_body(flt)
             if self.engine.queues[queue].settings.tenant_header:
                 flt = None  # the fair-share bound holds where no filter refuses a tenant's messages
         if filtered and self.rng.random() < self.options.p_pull:
@@ -432,8 +456,13 @@ class Simulator:
             not_before = 0
             if self.rng.random() < self.options.p_delay:
                 not_before = self.now_ms + self.rng.randint(1, 500)
+            payload = b"x"
+            if self.options.p_poison:
+                payload = msgspec.json.encode({"color": headers["color"], "prio": prio})
+                if self.poison_rng.random() < self.options.p_poison:
+                    payload = self.poison_rng.choice(POISON_BODIES)
             try:
-                self.engine.publish(topic, b"x", headers, self.now_ms, not_before_ms=not_before)
+                self.engine.publish(topic, payload, headers, self.now_ms, not_before_ms=not_before)
             except QueueFullError:
                 pass  # refused whole, nothing journaled: the oracle never hears of it
 
@@ -551,6 +580,12 @@ class Simulator:
 
     def digest(self) -> str:
         return self.trace.hexdigest()
+
+
+def lvq_key(q: Queue, m: R.Message) -> object:
+    """A waiting message's last-value key (it was read when the message entered)."""
+    assert q.lvq_fn is not None
+    return q.lvq_fn(m.headers, m.payload, m.topic)
 
 
 def run_seed(seed: int, steps: int = 2000) -> Simulator:
