@@ -198,3 +198,31 @@ def test_a_copy_to_a_reserved_name_stays_in_the_journal_and_says_so():
     copy = h.engine.publish_copy("jobs", seq, {})
     assert h.engine.route("jobs") == [] and any("in no queue" in n for n in h.engine.notices)
     assert any(type(r) is R.Message and r.seq == copy for r in h.engine.drain(h.now).records)
+
+
+def test_every_copy_is_journaled_before_the_event_that_takes_its_original_out():
+    """A standby holds a prefix of its leader's journal when the leader dies: any prefix
+    with the expiry (or move) of a message must hold its dead letter (or moved copy), or
+    a confirmed message leaves every queue. Expiries, poison, moves and redrives alike."""
+    h = Harness(QueueSettings(name="jobs", max_deliveries=1, dead_letter="jobs.dead", priority="/p"),
+                QueueSettings(name="other"))
+    a, b, c = h.pub("jobs", 3, payload=b'{"p": 1}')
+    h.pub("jobs", payload=b'{"p": "\xff"}')  # poison
+    h.sub("w", "jobs", backlog=1)
+    h.drain()
+    h.engine.cancel("w", [a], h.now)  # its one delivery used: expires, dead-lettered
+    h.drain()
+    assert h.engine.move("jobs", "other", h.now) == 1  # b is out with w
+    h.drain()
+    copies = {}
+    for r in h.records:
+        if type(r) is R.Message and r.copy_of is not None:
+            copies.setdefault(r.copy_of, []).append(r.seq)
+    checked = 0
+    for r in h.records:
+        if type(r) is R.Event and r.kind == R.EXPIRED:
+            for seq in r.bookmarks:
+                for copy in copies.get(seq, []):
+                    assert copy < r.seq, f"copy {copy} of {seq} journaled after the event {r.seq} taking it out"
+                    checked += 1
+    assert checked == 3, checked  # a dead letter, a poison's, a move's

@@ -861,15 +861,18 @@ class Engine(ManagementMixin, TargetDepthMixin):
             seqs = [it[0] for it in items]
             ds = [it[2] for it in items]
             errors = [q.poison_errors.pop(seq, "") for seq in seqs] if reason == R.REASON_POISON else []
+            target = q.settings.dead_letter
+            if target and reason not in R.NOT_DEAD_LETTERED:
+                # The copies take their bookmarks before the expiry does: any prefix of the
+                # journal (what a standby holds when its leader dies) that has the expiry
+                # has the dead letters too (a prefix with copies only delivers twice).
+                for i, (seq, _, d, group) in enumerate(items):
+                    self.publish_dead_letter(q, target, seq, reason, d, group, errors[i] if errors else "")
             self.records.append(R.Event(self.take_seq(), self.now_ms, R.EXPIRED, q.name, "", seqs, ds, reason,
                                         errors=errors))
             if errors:
                 self.notices.append(f"queue {q.name[:80]!r}: {len(seqs)} message(s) could not be evaluated and were "
                                     f"set aside as poison (bookmark {seqs[0]}: {errors[0]})")
-            target = q.settings.dead_letter
-            if target and reason not in R.NOT_DEAD_LETTERED:
-                for i, (seq, _, d, group) in enumerate(items):
-                    self.publish_dead_letter(q, target, seq, reason, d, group, errors[i] if errors else "")
 
     def publish_dead_letter(
         self, q: Queue, target: str, seq: int, reason: str, deliveries: int, group: str | None, error: str = ""
