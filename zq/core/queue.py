@@ -120,7 +120,7 @@ class Subscription:
         self.busy_ms = 0  # summed delivery -> ack time of its acked messages
         self.match = match  # content filter: seq -> does it match? (None: everything)
         self.filter_text = filter_text
-        self.skip_cursor = 0  # see Queue: skipped entries below this were judged
+        self.skip_cursor = queue.key_floor  # see Queue: skipped entries below this were judged
         self.skip_gen = -1
         # Pull (claim) subscriptions have credit only while a claim is open: ``backlog``
         # is ``used`` plus what the open claim still wants, and settling keeps it so.
@@ -267,7 +267,7 @@ class Queue:
         self.skipped_gid = array("I")
         self.skip_gone: set[int] = set()  # ranks taken out of ``skipped`` (lazily compacted)
         self.skipped_gen = 0
-        self.skip_high = 0  # the highest cursor handed out
+        self.skip_high = self.key_floor  # the highest cursor handed out (ranks of ordered queues are negative)
         self.rr_next = 0
         self.depth = 0  # available messages
         self.expired_watermark = -1  # seq <= this is older than expiration_ms
@@ -760,9 +760,13 @@ class Queue:
             del skipped[i]
             del self.skipped_gid[i]
             self.skip_gone.discard(key)
-        if key < self.skip_high:
-            self.skipped_gen += 1  # some cursor is already past it: they never judged it
-            judged = False
+        if key < self.skip_high:  # some cursor is already past it
+            if judged:  # every subscription with credit just refused it: only those without rewind
+                for sub in self.subs:
+                    if sub.used >= sub.backlog and sub.skip_cursor > key:
+                        sub.skip_cursor = key
+            else:
+                self.skipped_gen += 1  # they never judged it: every cursor starts over
         if skipped and key < skipped[-1]:
             i = bisect_left(skipped, key)
             skipped.insert(i, key)
