@@ -78,3 +78,128 @@ def test_an_idle_publisher_outlives_its_session_and_a_killed_dispatcher(tmp_path
         assert got == {a: b"a", b: b"b", c: b"c"}  # every confirmed message survived the SIGKILL
     finally:
         server.terminate()
+
+
+# A process that used zq's clients must exit promptly: every session socket and its
+# monitor closed on every path (closes, reconnects, constructors that give up), every
+# close bounded. The three clients share their session sockets (zq.client.session), so
+# all three are exercised here, each in a process of its own making: ``ctx.term()``
+# returns only once every socket of the context is closed, and the parent's timeout
+# turns a hang into a failure.
+LIFECYCLE = r'''
+import subprocess, sys, time
+import zmq, zq
+d = sys.argv[1]
+ep = f"ipc://{d}/zq.sock"
+def serve():
+    return subprocess.Popen([sys.executable, "-m", "zq.cli", "serve", "--data", f"{d}/journal", "--bind", ep],
+                            stderr=subprocess.DEVNULL)
+srv = serve()
+try:
+    for i in range(10):  # opened and closed
+        with zq.connect(ep, connect_timeout=20) as c, c.subscribe("jobs", max_backlog=2) as s:
+            c.publish("jobs", b"c")
+            s.get(10).ack()
+        with zq.Worker(ep, "jobs", connect_timeout=20) as w:
+            w.get(0.01)
+        with zq.Publisher(ep, connect_timeout=20) as p:
+            p.publish("jobs", b"p")
+    c = zq.connect(ep, connect_timeout=20)
+    s = c.subscribe("jobs", max_backlog=2)
+    w, p = zq.Worker(ep, "jobs", connect_timeout=20), zq.Publisher(ep, connect_timeout=20)
+    for i in range(3):  # open while the dispatcher is killed and started again: new sessions
+        srv.kill(); srv.wait(); srv = serve()
+        c.publish("jobs", b"r", timeout=30); p.publish("jobs", b"r", timeout=30); w.get(0.3)
+    srv.kill(); srv.wait()  # and closed while it is gone
+    w.get(0.2)
+    t = time.monotonic()
+    s.close(); c.close(); w.close(); p.close()
+    print(f"closed with the dispatcher gone in {time.monotonic() - t:.2f}s")
+    for make in (lambda: zq.connect(ep, connect_timeout=0.3), lambda: zq.Worker(ep, "jobs", connect_timeout=0.3),
+                 lambda: zq.Publisher(ep, connect_timeout=0.3)):
+        try:  # no dispatcher at all: each constructor gives up, leaving nothing open
+            make()
+        except zq.ConnectionLost:
+            pass
+    ctx = zmq.Context.instance()
+    print("left open:", [s for s in list(ctx._sockets) if not s.closed], flush=True)
+    ctx.term()
+    print("terminated")
+finally:
+    if srv.poll() is None:
+        srv.kill()
+'''
+
+
+def test_clients_opened_closed_and_reconnected_leave_no_socket_open_and_close_in_bounded_time(tmp_path):
+    import subprocess
+    import sys
+
+    from .support import ROOT, env
+
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", LIFECYCLE, str(tmp_path)], env=env(), cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "terminated" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "left open: []" in done.stdout, done.stdout
+    closed_s = float(done.stdout.split("closed with the dispatcher gone in ")[1].split("s")[0])
+    assert closed_s < 5.0, done.stdout
+    print(done.stdout, f"(the whole run: {time.monotonic() - t:.1f}s)")
+
+
+CONSUMER = r'''
+import json, signal, sys, time
+import zq
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(time.monotonic()))
+client = zq.connect(sys.argv[1], connect_timeout=20)
+sub = client.subscribe("jobs", max_backlog=16)
+print("ready", flush=True)
+try:
+    while not stop:
+        m = sub.get(timeout=0.1)
+        if m is not None:
+            m.ack()
+finally:
+    sub.close()
+    client.close()
+print(f"closed in {time.monotonic() - stop[0]:.2f}s", flush=True)
+'''
+
+
+@pytest.mark.parametrize("dispatcher_at_sigterm", ["alive", "killed"])
+def test_a_consumer_process_told_to_stop_exits_promptly(tmp_path, dispatcher_at_sigterm):
+    """The bench's worker processes (bench/e2e.py): a zq.Client consumer whose SIGTERM
+    handler ends its loop, then closes its subscription and its client. It exits within
+    a few seconds, its dispatcher alive or gone (a close does not wait out the timeouts
+    of a session that is lost)."""
+    import signal
+    import subprocess
+    import sys
+
+    from .support import ROOT, env
+
+    server = ServerProcess(tmp_path).start()
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, server.endpoint], env=env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with zq.Publisher(server.endpoint) as p:
+            p.publish_many("jobs", [b"m%d" % i for i in range(200)])
+        time.sleep(0.3)
+        if dispatcher_at_sigterm == "killed":
+            server.kill()
+            time.sleep(0.5)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t
+        assert proc.returncode == 0, err[-3000:]
+        assert took < 5.0, (took, out, err[-2000:])
+        print(out.strip(), f"(exited {took:.2f}s after SIGTERM)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if dispatcher_at_sigterm == "alive":
+            server.terminate()

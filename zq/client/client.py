@@ -48,21 +48,26 @@ from zq.client.messages import (
 )
 from zq.client.reclaim import reclaim_mode
 from zq.client.session import (
+    CLOSE_LINGER_MS,
+    SEND_TIMEOUT_MS,
     ConnectionLost,
     Endpoints,
     Outgoing,
+    SessionLost,
     bookmark_arg,
     check_endpoint,
     close_session_socket,
+    closing,
     delay_fields,
     drain_frames,
     duration_arg,
     encode_command,
     error_from,
-    session_dropped,
     open_session_socket,
     publish_chunks,
     send_settles,
+    session_answer,
+    session_lost,
     wire_item,
 )
 from zq.keys import client_curve
@@ -70,6 +75,8 @@ from zq.keys import client_curve
 log = logging.getLogger("zq.client")
 
 BULK_TIMEOUT_S = 600.0  # how long a bulk operator action may take (see Client.purge)
+CLOSE_FLUSH_S = 5.0  # close: how long what was settled or sent before may take to leave
+CLOSE_JOIN_S = 5.0  # close: how long the I/O thread may take to say BYE and close its socket
 
 
 class Client:
@@ -121,7 +128,10 @@ class Client:
         self._sealed: collections.deque[PublishBatch] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)  # (a full pipe has woken the thread already)
         self._woken = False
+        self._pipe_lock = threading.Lock()  # the wake-up pipe is closed once, by close() or the I/O thread's end
+        self._serving = False  # a welcomed session is open (what close's flush can wait for)
         self._welcome: Future = Future()
         self._flush_waiters: collections.deque[Future] = collections.deque()
         self._thread = threading.Thread(target=self._io_main, name="zq-client-io", daemon=True)
@@ -419,19 +429,25 @@ class Client:
         """Send outstanding acks, say BYE, stop the I/O thread."""
         if self.closed:
             return
-        if self._thread.is_alive() and self._welcome.done() and not self._welcome.exception():
-            try:
-                self._flush_and_wait(timeout=5)
-            except ZqError:
-                pass
+        try:
+            self._flush_and_wait(timeout=CLOSE_FLUSH_S)
+        except ZqError:
+            pass
         self.closed = True
         self._wake()
-        self._thread.join(10)
-        for sub in self._subs.values():
+        self._thread.join(CLOSE_JOIN_S)  # (it closes its socket and monitor as it ends)
+        for sub in list(self._subs.values()):
             sub.closed = True
             sub.inbox.put(None)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        if not self._thread.is_alive():  # else it closes the pipe itself when it ends
+            self._close_wake_pipe()
+
+    def _close_wake_pipe(self) -> None:
+        with self._pipe_lock:
+            fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
     def __enter__(self) -> "Client":
         return self
@@ -470,10 +486,12 @@ class Client:
     def _wake(self) -> None:
         if not self._woken:
             self._woken = True
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
+            with self._pipe_lock:  # (never a write to a descriptor closed, and maybe reused, meanwhile)
+                if self._wake_w >= 0:
+                    try:
+                        os.write(self._wake_w, b"x")
+                    except OSError:
+                        pass
 
     def _submit(self, cmd: object) -> None:
         self._check_open()
@@ -491,7 +509,11 @@ class Client:
         return fut.result(timeout)
 
     def _flush_and_wait(self, timeout: float = 10.0) -> None:
-        """Return once the I/O thread has sent everything settled or submitted so far."""
+        """Return once the I/O thread has sent everything settled or submitted so far; at
+        once when no session is open (settles of a lost session are void, requests go
+        after the next WELCOME), or when the I/O thread has ended."""
+        if not self._serving or not self._thread.is_alive():
+            return
         fut: Future = Future()
         self._flush_waiters.append(fut)
         self._wake()
@@ -509,23 +531,46 @@ class Client:
             while not self.closed:
                 sock = self._open_socket()
                 lost = self._serve(sock)
-                close_session_socket(sock)
-                sock = None
+                sock, ended = None, sock
+                close_session_socket(ended, linger=0 if lost else CLOSE_LINGER_MS)  # (its BYE, on a close)
+                self._serving = False
+                while self._flush_waiters:  # nothing more leaves on this session: don't keep them waiting
+                    self._flush_waiters.popleft().set_result(None)
+                if lost:  # its requests will never be answered (publishes are resent; the rest is the caller's)
+                    unanswered = SessionLost(f"the session with {self.endpoints.current} was lost before an answer")
+                    for req in list(self._pending):
+                        self._reject(req, unanswered)
                 if self.closed or not lost:
                     break
                 self.endpoints.failed()
-                time.sleep(backoff * (0.5 + random.random()))
+                self._pause(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 2.0)
         except Exception as exc:  # a bug: every waiting and later call fails at once, naming it
             log.exception("zq client I/O thread crashed")
             self._broken = exc
         finally:
+            self._serving = False
             if sock is not None:
                 close_session_socket(sock)
             if self._broken is not None:
                 self._fail_all(ConnectionLost(f"this client's I/O thread failed ({self._broken!r})"))
             else:
                 self._fail_all(ConnectionLost("client closed"))
+            if self.closed:
+                self._close_wake_pipe()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait before the next session; a close ends the wait (other wake-ups do not)."""
+        deadline = time.monotonic() + seconds
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        while not self.closed and (left := deadline - time.monotonic()) > 0:
+            if poller.poll(max(1, int(left * 1000))):
+                self._woken = False
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
 
     def _open_socket(self) -> zmq.Socket:
         self.generation += 1
@@ -535,9 +580,18 @@ class Client:
         return open_session_socket(self.ctx, self.endpoints.current, self.name, self._curve)  # type: ignore[arg-type]
 
     def _serve(self, sock: zmq.Socket) -> bool:
-        """Run one session; True if the server was lost (reconnect), False on close."""
+        """Run one session; True if it was lost (reconnect), False on close."""
+        try:
+            return self._serve_session(sock)
+        except zmq.Again:  # a send not taken for SEND_TIMEOUT_MS: the dispatcher is gone
+            log.warning("zq dispatcher at %s took no frame for %.1fs: reconnecting", self.endpoints.current,
+                        SEND_TIMEOUT_MS / 1000)
+            return True
+
+    def _serve_session(self, sock: zmq.Socket) -> bool:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(sock.zq_monitor, zmq.POLLIN)  # type: ignore[attr-defined] # a dropped connection wakes it
         poller.register(self._wake_r, zmq.POLLIN)
         hb = self.heartbeat_ms
         last_heard = last_sent = time.monotonic()
@@ -555,7 +609,7 @@ class Client:
                 last_heard = now
                 outcome = self._on_frame(sock, frame)
                 if outcome == "welcome":
-                    welcomed = True
+                    welcomed = self._serving = True
                 elif outcome == "reset":
                     return True
             if welcomed:
@@ -564,18 +618,20 @@ class Client:
             if now - last_sent >= hb / 1000:
                 sock.send(wire.HEARTBEAT_FRAME)
                 last_sent = now
-            if session_dropped(sock):
-                log.warning("zq dispatcher at %s: connection dropped: reconnecting", self.endpoint)
-                return True
-            if now - last_heard > hb * self.liveness / 1000:
-                if self._welcome.done():  # a session we had went silent: worth a word
-                    log.warning("zq dispatcher at %s silent for %.1fs: reconnecting", self.endpoint, now - last_heard)
+            why = session_lost(sock, last_heard, hb * self.liveness / 1000, now)
+            if why is not None:
+                if self._welcome.done():  # a session we had: worth a word
+                    log.warning("zq dispatcher at %s lost (%s): reconnecting", self.endpoints.current, why)
                 else:  # never connected yet: the caller's connect timeout says it, once, in full
-                    log.debug("no answer yet from %s: trying again", self.endpoint)
+                    log.debug("no answer yet from %s (%s): trying again", self.endpoints.current, why)
                 return True
-        if welcomed:
-            self._send_work(sock, force=True)
-            sock.send(wire.encode(wire.Bye()))
+        if welcomed:  # closing: what was settled or sent, then BYE, each send given a moment at most
+            closing(sock)
+            try:
+                self._send_work(sock, force=True)
+                sock.send(wire.encode(wire.Bye()))
+            except zmq.Again:
+                pass
         return False
 
     def _on_frame(self, sock: zmq.Socket, frame: bytes) -> str | None:
@@ -625,19 +681,14 @@ class Client:
                     sub.lost += len(msg.bookmarks)
             log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
         elif t is wire.Error:
-            if msg.code == wire.NOT_LEADER:  # a standby: go to the leader it names (or the next endpoint)
-                log.info("%s is not the leader (%s): moving on", self.endpoints.current, msg.message)
-                self.endpoints.redirect(msg.message)
-                return "reset"
-            if msg.code in wire.SESSION_ENDING:
-                log.warning("dispatcher ended our session (%s): reconnecting", msg.message)
+            if session_answer(msg, self.endpoints) == "reset":  # a standby's not-leader, or the session ended
                 return "reset"
             if msg.req:
                 self._reject(msg.req, error_from(msg.code, msg.message))
             else:
                 log.error("dispatcher error: %s: %s", msg.code, msg.message)
         elif t is wire.Welcome:
-            if self.endpoints.stale(msg.epoch):
+            if session_answer(msg, self.endpoints) == "reset":  # a deposed leader
                 return "reset"
             self.max_message_bytes = msg.max_message_bytes
             self._on_welcome(sock)

@@ -21,7 +21,14 @@ import msgspec
 
 from zq import wire
 from zq.client.reclaim import Unstarted
-from zq.client.session import bookmark_arg, cancel_options, duration_arg, results_by_bookmark, settle_command
+from zq.client.session import (
+    SessionLost,
+    bookmark_arg,
+    cancel_options,
+    duration_arg,
+    results_by_bookmark,
+    settle_command,
+)
 from zq.core import records as R
 from zq.core.errors import ZqError
 
@@ -52,6 +59,7 @@ class Session(Protocol):
     generation: int  # sessions opened so far: messages of an older one are not settled
     _order: itertools.count  # the client's order of calls: frames leave in it
     _subs: dict[str, Subscription]
+    _serving: bool  # a welcomed session is open
 
     def _wake(self) -> None: ...
     def _submit(self, cmd: object) -> None: ...
@@ -361,8 +369,11 @@ class Subscription(MessageStream):
         if live:
             bookmarks = [m.bookmark for m in live]
             epochs = [m.deliveries for m in live]
-            answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req, delay_ms,
-                                                                     error), timeout=timeout)
+            try:
+                answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req,
+                                                                         delay_ms, error), timeout=timeout)
+            except SessionLost:  # the leases ended with the session
+                return {**results, **{b: "lost" for b in bookmarks}}
             results.update(results_by_bookmark(answer, bookmarks))
         return results
 
@@ -402,15 +413,22 @@ class Subscription(MessageStream):
         self.client._submit(wire.Extend(self.sub_id, [msg.bookmark], ms, [msg.deliveries]))
 
     def close(self) -> None:
+        """Send the settles made so far and unsubscribe (what is unsettled goes back to
+        the queue). Bounded, and quiet when the client is already gone or closed: a
+        session that is lost ends the subscription on the dispatcher anyway."""
         if self.closed:
             return
-        self.client._flush_and_wait()
-        self.closed = True
-        self.inbox.put(None)
         try:
-            self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
+            self.client._flush_and_wait(5.0)
         except ZqError:
             pass
+        self.closed = True
+        self.inbox.put(None)
+        if self.client._serving:  # (else no session holds it: none will open it again, once it is gone from _subs)
+            try:
+                self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
+            except (ZqError, TimeoutError):
+                pass
         self.client._subs.pop(self.sub_id, None)
 
     def __enter__(self) -> "Subscription":

@@ -11,7 +11,8 @@ thread and waits there for the confirmation; nothing runs between calls.
 
 The contract that buys it: the session lives only while you call in. A publisher idle
 for longer than the dispatcher's dead-peer window loses its session; the next call
-finds out (an error frame, or silence) and opens a new one. A publish is resent after
+finds out (its connection dropped, an error frame, or silence: the rule every client
+follows, ``zq.client.session.session_lost``) and opens a new one. A publish is resent after
 a lost session until it is confirmed (at-least-once; give messages ids to have the
 dispatcher drop the repeats).
 """
@@ -29,6 +30,7 @@ import zmq
 
 from zq import wire
 from zq.client.session import (
+    CLOSE_LINGER_MS,
     ConnectionLost,
     Endpoints,
     check_target,
@@ -37,7 +39,9 @@ from zq.client.session import (
     error_from,
     open_session,
     publish_chunks,
+    session_answer,
     session_dropped,
+    session_lost,
     wire_item,
 )
 from zq.core import limits
@@ -60,7 +64,7 @@ class Publisher:
 
     def __init__(self, endpoint: Any, *, name: str | None = None, context: zmq.Context | None = None,
                  connect_timeout: float = 10.0, window: int = 16, key: object = None,
-                 server_key: object = None) -> None:
+                 server_key: object = None, liveness: int = 3) -> None:
         check_target(endpoint)
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
@@ -70,13 +74,19 @@ class Publisher:
         self.name = f"{where} {name}" if name else where
         self.ctx = context or zmq.Context.instance()
         self.window = max(1, window)  # frames in flight in publish_many
-        self.heartbeat_ms = 1000
+        self.heartbeat_ms = 1000  # until WELCOME says
+        self.liveness = liveness  # heartbeats of silence that end a session, as zq.Client and zq.Worker
         self.closed = False
         self.generation = 0  # sessions opened so far
         self._reqs = itertools.count(1)
         self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
         self._poller: Any = None
-        self._open_session(connect_timeout)
+        self._last_sent = 0.0
+        try:
+            self._open_session(connect_timeout)
+        except BaseException:
+            self.close()
+            raise
 
     # ---------------------------------------------------------------- API
 
@@ -105,7 +115,7 @@ class Publisher:
                 sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
             except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
                 pass
-            close_session_socket(sock, linger=500)
+            close_session_socket(sock, linger=CLOSE_LINGER_MS)
 
     def __enter__(self) -> Publisher:
         return self
@@ -141,83 +151,98 @@ class Publisher:
         """Send the chunks not yet confirmed, ``window`` at a time; wait for each confirm."""
         sock = self._sock
         assert sock is not None
+        if session_dropped(sock):  # (while idle: its dispatcher died, or stepped down)
+            raise _SessionLost
         todo = [i for i, r in enumerate(results) if r is None]
         inflight: dict[int, int] = {}  # req -> chunk index
         while todo or inflight:
             while todo and len(inflight) < self.window:
                 i = todo.pop(0)
                 req = next(self._reqs)
-                sock.send(wire.encode(wire.Publish(req, topic, chunks[i], *delay)))
+                self._send(wire.encode(wire.Publish(req, topic, chunks[i], *delay)))
                 inflight[req] = i
-            self._last_sent = time.monotonic()
             reply = self._next_reply(deadline)
             t = type(reply)
             if t is wire.Confirm and reply.req in inflight:  # type: ignore[attr-defined]
                 results[inflight.pop(reply.req)] = reply.bookmarks  # type: ignore[attr-defined]
-            elif t is wire.Error:
-                if reply.code == wire.NOT_LEADER:  # type: ignore[attr-defined]
-                    self._endpoints.redirect(reply.message)  # type: ignore[attr-defined]
-                    raise _SessionLost
-                if reply.code in wire.SESSION_ENDING:  # type: ignore[attr-defined]
-                    raise _SessionLost
-                if reply.req in inflight:  # type: ignore[attr-defined]
-                    raise error_from(reply.code, reply.message)  # type: ignore[attr-defined]
+            elif session_answer(reply, self._endpoints) == "reset":
+                raise _SessionLost
+            elif t is wire.Error and reply.req in inflight:  # type: ignore[attr-defined]
+                raise error_from(reply.code, reply.message)  # type: ignore[attr-defined]
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self._sock.send(frame)
+        except zmq.Again:  # not taken for SEND_TIMEOUT_MS: the dispatcher is gone
+            raise _SessionLost from None
+        self._last_sent = time.monotonic()
+
+    def _window_s(self) -> float:
+        return self.heartbeat_ms * self.liveness / 1000
 
     def _next_reply(self, deadline: float) -> object:
         """The next frame from the dispatcher; heartbeats while waiting; _SessionLost
-        when it stays silent for the dead-peer window."""
+        when the session is lost (``session_lost``: a dropped connection, or silence
+        for the dead-peer window)."""
         sock = self._sock
         assert sock is not None
         hb = self.heartbeat_ms / 1000
         silent_since = time.monotonic()
         while True:
             now = time.monotonic()
-            if now >= deadline:
-                raise _SessionLost
-            if now - silent_since > 3 * hb or session_dropped(sock):
+            if now >= deadline or session_lost(sock, silent_since, self._window_s(), now):
                 raise _SessionLost
             if now - self._last_sent >= hb / 2:
-                sock.send(wire.encode(wire.Heartbeat()))
-                self._last_sent = now
+                self._send(wire.HEARTBEAT_FRAME)
             wait = min(hb / 2, deadline - now)
-            if self._poller.poll(max(1, int(wait * 1000))):
-                return wire.server_decoder.decode(sock.recv())
+            frame = self._recv(wait)
+            if frame is not None:
+                return wire.server_decoder.decode(frame)
+
+    def _recv(self, wait: float) -> bytes | None:
+        """A frame, waiting up to ``wait`` seconds (a dropped connection ends the wait)."""
+        if self._poller.poll(max(1, int(wait * 1000))):
+            try:
+                return self._sock.recv(zmq.NOBLOCK)  # type: ignore[no-any-return]
+            except zmq.Again:
+                pass  # (the monitor woke us)
+        return None
 
     def _open_session(self, timeout: float) -> None:
-        """A session with a dispatcher that serves: with several endpoints, each gets a
-        few seconds, and a standby's ``not-leader`` sends us to the leader it names."""
+        """A session with a dispatcher that serves. Each attempt ends when the session is
+        lost (``session_lost``: no WELCOME within the dead-peer window, or the connection
+        dropped) and the next goes to the next endpoint (with one endpoint, the same one,
+        on a new connection); a standby's ``not-leader`` sends us to the leader it names."""
         deadline = time.monotonic() + timeout
-        several = len(self._endpoints.all) > 1
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if time.monotonic() >= deadline:
                 raise ConnectionLost(f"no answer from a zq dispatcher at {self.endpoint} within {timeout:.1f}s")
-            if self._try_session(min(left, 3.0) if several else left):
+            if self._try_session(deadline):
                 return
             self._endpoints.failed()
 
-    def _try_session(self, timeout: float) -> bool:
+    def _try_session(self, deadline: float) -> bool:
         if self._sock is not None:
-            close_session_socket(self._sock)
+            sock, self._sock = self._sock, None
+            close_session_socket(sock)
         sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1
-        self._last_sent = time.monotonic()
-        deadline = time.monotonic() + timeout
+        self._last_sent = started = time.monotonic()
         while True:
-            if not self._poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-                if time.monotonic() >= deadline:
-                    return False
+            now = time.monotonic()
+            if now >= deadline or session_lost(sock, started, self._window_s(), now):
+                return False
+            frame = self._recv(min(deadline - now, self._window_s()))
+            if frame is None:
                 continue
-            msg = wire.server_decoder.decode(sock.recv())
-            if type(msg) is wire.Welcome:
-                if self._endpoints.stale(msg.epoch):
-                    return False
-                self.heartbeat_ms = msg.heartbeat_ms
-                self.max_message_bytes = msg.max_message_bytes
+            msg = wire.server_decoder.decode(frame)
+            answer = session_answer(msg, self._endpoints)
+            if answer == "welcome":
+                self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
+                self.max_message_bytes = msg.max_message_bytes  # type: ignore[attr-defined]
                 return True
-            if type(msg) is wire.Error and msg.code == wire.NOT_LEADER:
-                self._endpoints.redirect(msg.message)
+            if answer == "reset":
                 return False
 
 

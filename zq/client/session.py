@@ -5,8 +5,10 @@ turning the dispatcher's error codes back into exceptions."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -40,6 +42,11 @@ def _error_types() -> dict[str, type[ZqError]]:
     return ERRORS
 
 
+class SessionLost(ConnectionLost):
+    """A request's session was lost before its answer came (it may or may not have been
+    applied; it is not sent again). A settle waiting for its verdict is ``lost``."""
+
+
 def error_from(code: str, message: str) -> ZqError:
     return _error_types().get(code, ZqError)(message)
 
@@ -59,26 +66,58 @@ def publish_chunks(items: list) -> Iterator[list]:
         yield chunk
 
 
+SEND_TIMEOUT_MS = 5000  # a dispatcher that takes no frame for this long is gone: a send never blocks for good
+CLOSING_SEND_TIMEOUT_MS = 200  # while closing: the last settles and BYE, each given this long, then given up
+CLOSE_LINGER_MS = 1000  # a clean close: what was sent last (settles, BYE) may take this long to leave
+_monitors = itertools.count(1)
+
+
+class SessionSocket(zmq.Socket):
+    """A session's DEALER, and the PAIR its monitor reports to (``session_dropped``)."""
+
+    zq_monitor: zmq.Socket | None = None
+
+
 def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
-                        curve: tuple[bytes, bytes, bytes] | None = None) -> zmq.Socket:
-    """A DEALER to the dispatcher with HELLO sent: the start of every session.
-    ``curve``: CurveZMQ keys (``zq.keys.client_curve``), or None for plaintext."""
-    sock = ctx.socket(zmq.DEALER)
-    apply_client_curve(sock, curve)
-    sock.setsockopt(zmq.LINGER, 2000)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(endpoint)
-    sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # read by session_dropped
-    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+                        curve: tuple[bytes, bytes, bytes] | None = None) -> SessionSocket:
+    """A DEALER to the dispatcher with HELLO sent: the start of every session, with a
+    monitor that tells ``session_dropped`` when its connection drops.
+    ``curve``: CurveZMQ keys (``zq.keys.client_curve``), or None for plaintext.
+
+    Nothing is left open if this fails part-way (``close_session_socket``). The monitor
+    has its own inproc address (not pyzmq's, made of the socket's file descriptor, which
+    a new socket can reuse while the old monitor's address is still bound) and no
+    receive limit: libzmq's I/O thread sends it events with a blocking send, so a
+    monitor that filled up would stop every socket of the context (and its close would
+    wait on the blocked thread for good)."""
+    sock = ctx.socket(zmq.DEALER, socket_class=SessionSocket)
+    try:
+        apply_client_curve(sock, curve)
+        sock.setsockopt(zmq.LINGER, 0)  # closing says how long (close_session_socket)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+        address = f"inproc://zq-session-monitor-{os.getpid()}-{next(_monitors)}"
+        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        mon = ctx.socket(zmq.PAIR)
+        sock.zq_monitor = mon  # (before anything else can fail: closed with the socket)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.connect(address)
+        sock.connect(endpoint)
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+    except BaseException:
+        close_session_socket(sock)
+        raise
     return sock
 
 
 def session_dropped(sock: object) -> bool:
     """Did the connection under this session drop? A dispatcher whose process died
-    closed it (its kernel did): waiting out the heartbeats would only delay moving to
-    the next endpoint. A new connection would be a new session anyway (the dispatcher
-    knows its peers by connection), so a drop ends the session either way."""
-    mon = getattr(sock, "_monitor_socket", None)
+    closed it (its kernel did), and so does a cluster leader that steps down (it closes
+    its socket): waiting out the heartbeats would only delay moving on. A new connection
+    would be a new session anyway (the dispatcher knows its peers by connection, and a
+    HELLO it had read is gone with the old one), so a drop ends the session either way."""
+    mon = getattr(sock, "zq_monitor", None)
     if mon is None:
         return False  # an in-process link
     dropped = False
@@ -87,19 +126,72 @@ def session_dropped(sock: object) -> bool:
             mon.recv_multipart(NOBLOCK)
         except zmq.Again:
             return dropped
+        except zmq.ZMQError:  # closed under us (the context terminated): nothing more to hear
+            return True
         dropped = True  # (only EVENT_DISCONNECTED is watched)
 
 
-def close_session_socket(sock: object, linger: int = 0) -> None:
-    """Close a session's socket and the monitor ``open_session_socket`` gave it."""
-    mon = getattr(sock, "_monitor_socket", None)
-    if mon is not None:
+def closing(sock: object) -> None:
+    """The session is being closed: its last sends (settles, BYE) may not block long."""
+    if isinstance(sock, zmq.Socket):
         try:
-            sock.disable_monitor()  # type: ignore[attr-defined]
+            sock.setsockopt(zmq.SNDTIMEO, CLOSING_SEND_TIMEOUT_MS)
         except zmq.ZMQError:
             pass
-        mon.close(0)
-    sock.close(linger)  # type: ignore[attr-defined]
+
+
+def close_session_socket(sock: object, linger: int = 0) -> None:
+    """Close a session's socket and its monitor, in that order of care: the monitor is
+    switched off before its PAIR closes (libzmq would otherwise block on an event for a
+    PAIR that is gone). A socket's close never raises and never waits: ``linger`` (ms)
+    only lets the last frames leave, in libzmq's own thread."""
+    if isinstance(sock, SessionSocket):
+        mon, sock.zq_monitor = sock.zq_monitor, None
+        try:
+            sock.monitor(None, 0)
+        except zmq.ZMQError:
+            pass  # closed already (its monitor went with it), or the context terminated
+        if mon is not None:
+            mon.close(0)
+    try:
+        sock.close(linger)  # type: ignore[attr-defined]
+    except zmq.ZMQError:
+        pass
+
+
+def session_lost(sock: object, last_heard: float, window_s: float, now: float) -> str | None:
+    """Is this session over, and why? The one rule of every client (``zq.Client``'s I/O
+    thread, ``zq.Worker``, ``zq.Publisher``): its connection dropped
+    (``session_dropped``), or nothing came from the dispatcher for ``window_s``
+    (heartbeat × liveness), welcomed or not: a HELLO that a cluster leader stepping down
+    had read is never answered, and libzmq's own reconnection carries no HELLO. Then
+    the client opens a new session (the next endpoint, or the leader a not-leader named)."""
+    if session_dropped(sock):
+        return "its connection dropped"
+    if now - last_heard > window_s:
+        return f"silent for {now - last_heard:.1f}s"
+    return None
+
+
+def session_answer(msg: object, endpoints: "Endpoints") -> str | None:
+    """What a frame says about the session, the same in every client: ``"welcome"``
+    (served, by a leader no older than one seen), ``"reset"`` (over: a deposed leader's
+    WELCOME, a standby's ``not-leader``, which sends the next session to the leader it
+    names, or the dispatcher ended it), None for anything else."""
+    t = type(msg)
+    if t is wire.Welcome:
+        return "reset" if endpoints.stale(msg.epoch) else "welcome"  # type: ignore[attr-defined]
+    if t is wire.Error:
+        code = msg.code  # type: ignore[attr-defined]
+        if code == wire.NOT_LEADER:
+            log.info("%s is not the leader (%s): moving on", endpoints.current, msg.message)  # type: ignore[attr-defined]
+            endpoints.redirect(msg.message)  # type: ignore[attr-defined]
+            return "reset"
+        if code in wire.SESSION_ENDING:
+            log.warning("the dispatcher at %s ended our session (%s): reconnecting", endpoints.current,
+                        msg.message)  # type: ignore[attr-defined]
+            return "reset"
+    return None
 
 
 def open_session(target: object, ctx: zmq.Context, name: str,
@@ -116,6 +208,7 @@ def open_session(target: object, ctx: zmq.Context, name: str,
     sock = open_session_socket(ctx, target, name, curve)  # type: ignore[arg-type]
     poller = zmq.Poller()  # one per session, kept: Socket.poll builds a Poller per call
     poller.register(sock, zmq.POLLIN)
+    poller.register(sock.zq_monitor, zmq.POLLIN)  # a dropped connection ends a wait at once
     return sock, poller
 
 

@@ -46,16 +46,19 @@ from zq.client.session import (
     EVENTS,
     NOBLOCK,
     POLLIN,
-    settle_command,
+    CLOSE_LINGER_MS,
     ConnectionLost,
     Endpoints,
     check_target,
-    error_from,
     close_session_socket,
+    closing,
+    error_from,
     open_session,
     results_by_bookmark,
     send_settles,
-    session_dropped,
+    session_answer,
+    session_lost,
+    settle_command,
 )
 from zq.core.errors import ZqError
 from zq.keys import client_curve
@@ -190,12 +193,13 @@ class Worker(MessageStream):
         sock, self._sock = self._sock, None
         if sock is None:
             return
+        closing(sock)
         try:
             self._send_settles(sock)
             sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
         except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
             pass
-        close_session_socket(sock, linger=2000)
+        close_session_socket(sock, linger=CLOSE_LINGER_MS)
 
     def __enter__(self) -> Worker:
         return self
@@ -261,7 +265,8 @@ class Worker(MessageStream):
 
     def _open_session(self) -> None:
         if self._sock is not None:
-            close_session_socket(self._sock)
+            old, self._sock = self._sock, None
+            close_session_socket(old)
         sock, self._poller = open_session(self._endpoints.current, self.ctx, self.name, self._curve)
         self._sock = sock
         self.generation += 1
@@ -278,13 +283,28 @@ class Worker(MessageStream):
 
     def _send(self, cmd: object) -> None:
         assert self._sock is not None
-        self._sock.send(wire.encode(cmd))
+        try:
+            self._sock.send(wire.encode(cmd))
+        except zmq.Again:  # not taken for SEND_TIMEOUT_MS: the dispatcher is gone
+            self._lost("it took no frame for a while")
+            return
         self._last_sent = time.monotonic()
 
     def _flush(self) -> None:
         if self._settles and self._sock is not None:
-            self._send_settles(self._sock)
+            try:
+                self._send_settles(self._sock)
+            except zmq.Again:
+                self._lost("it took no frame for a while")
+                return
             self._last_sent = time.monotonic()
+
+    def _lost(self, why: str) -> None:
+        """The session is over (``session_lost``, or a send that timed out): a new one,
+        to the next endpoint (or the leader a not-leader named)."""
+        log.warning("zq dispatcher at %s lost (%s): reconnecting", self._endpoints.current, why)
+        self._endpoints.failed()
+        self._open_session()
 
     def _send_settles(self, sock: zmq.Socket) -> None:
         settles, self._settles = self._settles, []
@@ -300,6 +320,8 @@ class Worker(MessageStream):
         now = time.monotonic()
         if now - self._last_sent >= hb / 2:
             self._send(wire.Heartbeat())
+            if self._sock is not sock:  # lost meanwhile: a new session is open
+                return
         wait = hb / 2 if deadline is None else min(hb / 2, max(0.0, deadline - now))
         if self._poller.poll(int(wait * 1000) if wait > 0 else 0):
             decode = wire.server_decoder.decode
@@ -318,11 +340,11 @@ class Worker(MessageStream):
                     self._endpoints.failed()
                     self._open_session()
                     return
-        if time.monotonic() - self._last_heard > hb * self.liveness or session_dropped(sock):
-            log.warning("zq dispatcher at %s lost (silent for %.1fs, or its connection dropped): reconnecting",
-                        self._endpoints.current, time.monotonic() - self._last_heard)
-            self._endpoints.failed()
-            self._open_session()
+                if self._sock is not sock:  # lost while answering it (a send that timed out)
+                    return
+        why = session_lost(sock, self._last_heard, hb * self.liveness, time.monotonic())
+        if why is not None:
+            self._lost(why)
 
     def _on_frame(self, msg: object) -> str | None:
         t = type(msg)
@@ -342,7 +364,7 @@ class Worker(MessageStream):
             self.backlog = msg.backlog  # type: ignore[attr-defined]
             self.group_header = msg.group_header  # type: ignore[attr-defined]
         elif t is wire.Welcome:
-            if self._endpoints.stale(msg.epoch):  # type: ignore[attr-defined]
+            if session_answer(msg, self._endpoints) == "reset":  # a deposed leader
                 return "reset"
             self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
         elif t is wire.Refused:
@@ -352,13 +374,9 @@ class Worker(MessageStream):
         elif t is wire.Reply:
             self._replies[msg.req] = msg.data  # type: ignore[attr-defined]
         elif t is wire.Error:
+            if session_answer(msg, self._endpoints) == "reset":  # a standby's not-leader, or the session ended
+                return "reset"
             code, text, req = msg.code, msg.message, msg.req  # type: ignore[attr-defined]
-            if code == wire.NOT_LEADER:  # a standby: go to the leader it names (or the next endpoint)
-                self._endpoints.redirect(text)
-                return "reset"
-            if code in wire.SESSION_ENDING:
-                log.warning("dispatcher ended our session (%s): reconnecting", text)
-                return "reset"
             if req and req == self._subscribe_req:
                 raise error_from(code, text)
             log.error("dispatcher error: %s: %s", code, text)
