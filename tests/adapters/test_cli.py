@@ -184,7 +184,7 @@ def test_management_and_journal_tools_from_the_command_line(server, tmp_path):
     assert zq("queue", "delete", "work", *ep, "--yes").stdout.strip() == "deleted work (1 messages)"
     data = str(tmp_path / "journal")
     info = json.loads(zq("journal", "info", "--data", data).stdout)  # beside the running server
-    assert info["messages"] == 5 and info["format"] == 1 and info["newest_message"] >= info["oldest_message"]
+    assert info["messages"] == 5 and info["format"] == 2 and info["newest_message"] >= info["oldest_message"]
     run = zq("journal", "verify", "--data", data)
     assert run.returncode == 0 and json.loads(run.stdout)["ok"] is True
     out = tmp_path / "export"

@@ -28,8 +28,7 @@ def test_a_copy_is_byte_identical_and_follows_the_leaders_trims(tmp_path):
     end = leader.next_seq()
     msgs, _, _ = select_records(leader, "messages", 0, end)
     events, _, _ = select_records(leader, "events", 0, end)
-    with leader.env.begin(db=leader.queues) as txn:
-        declared = [bytes(v) for _, v in txn.cursor()]
+    declared = leader.declared_raw()  # as the wire carries them
     copy = LmdbJournal(str(tmp_path / "copy"))
     replica.apply(copy, msgs, events, end, declared, leader.recovery_points())
     assert dump(copy) == dump(leader)

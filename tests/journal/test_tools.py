@@ -29,7 +29,7 @@ def test_info_verify_and_export_jsonl_and_parquet(tmp_path):
     journal_with_traffic(tmp_path / "j")
     i = info(str(tmp_path / "j"))
     assert i["messages"] == 6 and i["event_records"] == 3 and i["declared_queues"] == ["jobs"]
-    assert i["oldest_message"] == 1 and i["newest_message"] == 6 and i["format"] == 1
+    assert i["oldest_message"] == 1 and i["newest_message"] == 6 and i["format"] == 2
     report = verify(str(tmp_path / "j"))
     assert report["ok"] and report["queues"]["jobs"]["depth"] == 3
     heard: list[int] = []
@@ -53,4 +53,5 @@ def test_verify_reports_a_record_that_does_not_decode(tmp_path):
         txn.put(key(3), b"\xc1 not msgpack")
     env.close()
     report = verify(str(tmp_path / "j"))
-    assert not report["ok"] and "record 3 does not decode" in report["problems"][0]
+    assert not report["ok"] and "message records damaged at bookmarks 3 " in report["problems"][0]
+    assert report["damaged"] == {"messages": "3"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-JOURNAL_FORMAT_VERSION = 1
+JOURNAL_FORMAT_VERSION = 2  # 2: each stored record ends with its CRC-32 (zq.journal.integrity); 1 is read as it is
 
 # Event kinds. ``leased`` is a delivery (for at-most-once queues it also removes
 # the message); ``returned`` is a lease broken by disconnect or unsubscribe.

@@ -5,7 +5,15 @@ Layout (one environment, four named databases):
 * ``msgs``   -- seq -> msgpack ``Message``; appended with ``putmulti(append=True)``
 * ``events`` -- seq -> msgpack ``Event`` (same global sequence as messages)
 * ``queues`` -- queue name -> msgpack ``QueueDeclared`` (queues created at run time)
-* ``meta``   -- ``format`` (journal format version), ``rp:<queue>`` recovery points
+* ``meta``   -- ``format`` (journal format version), ``rp:<queue>`` recovery points,
+  ``journal:id``, ``sums:from`` (see below)
+
+Integrity (zq.journal.integrity, docs/reliability.md "Journal integrity"): every
+message, event and queue record is stored sealed (its bytes, then their CRC-32) and
+checked when read; ``data.mdb``'s meta pages are checked against its size before it is
+mapped; ``journal.id`` beside it marks the directory as one that held a journal, up to
+a bookmark, so that a missing, emptied or shortened journal is refused, never started
+anew in silence. Journal files are created 0600.
 
 Durability (DESIGN "Decisions"): ``fsync`` syncs every commit before it returns;
 ``batch`` commits without syncing and syncs at least every ``fsync_interval_ms``;
@@ -23,14 +31,22 @@ import hashlib
 import logging
 import os
 import struct
+import time
+import uuid
+import zlib
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from itertools import islice
+from operator import itemgetter
 
 import lmdb
 import msgspec
 
 from zq.core import records as R
 from zq.core.errors import JournalError
+from zq.journal import integrity as I
 from zq.journal.base import declared_name, resolve_copy
+from zq.journal.integrity import RESIDUE, JournalDamaged, seal
 
 log = logging.getLogger("zq.journal")
 
@@ -39,6 +55,16 @@ DURABILITY_MODES = ("fsync", "batch", "none")
 MAP_SIZE_DEFAULT = 1 << 40  # 1 TiB: sparse, costs nothing without writemap
 TRIM_BATCH_MAX = 100_000  # records deleted per commit at most (bounded work per loop)
 NEXT_FLOOR_KEY = b"seq:floor"  # meta: bookmarks below this were given out (retention may have deleted them)
+ID_KEY = b"journal:id"  # meta: this journal's id (also in the directory's journal.id)
+SUMS_FROM_KEY = b"sums:from"  # meta: records at and above this bookmark are sealed (absent: all of them)
+# Format 2 (#31): records sealed with a CRC-32. Format 1 journals are read as they are
+# and upgraded in place when opened for writing (``sums:from``).
+FORMAT_VERSION = R.JOURNAL_FORMAT_VERSION
+NEVER = 1 << 64  # sums:from of a format-1 journal read as it is: no record is sealed
+_crc32 = zlib.crc32
+_SUM = struct.Struct("<I")
+SUM_BYTES = I.SUM_BYTES
+_UNSEAL = itemgetter(slice(None, -SUM_BYTES))
 
 
 _ID = struct.Struct(">QQ")
@@ -55,7 +81,10 @@ def key(seq: int) -> bytes:
 
 
 def unkey(k: bytes) -> int:
-    return _KEY.unpack(k)[0]
+    try:
+        return _KEY.unpack(k)[0]
+    except struct.error:  # a stored key is 8 bytes: this one was damaged
+        raise JournalDamaged(f"a key of {len(k)} bytes where a bookmark (8 bytes) is stored (a damaged key)") from None
 
 
 class LmdbJournal:
@@ -71,17 +100,67 @@ class LmdbJournal:
         if durability not in DURABILITY_MODES:
             raise JournalError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
         self.path = path
+        self.file = os.path.join(path, I.DATA_FILE)
         self.durability = durability
         self.fsync_interval_ms = fsync_interval_ms
         self.readonly = readonly
         self.lock_fd: int | None = None
+        self.closed = False
         if not readonly:
             try:
-                os.makedirs(path, exist_ok=True)
+                if not os.path.isdir(path):
+                    os.makedirs(path, mode=0o700, exist_ok=True)
                 self.lock_fd = take_writer_lock(path)
             except OSError as exc:  # a read-only file system, no permission, not a directory
                 raise JournalError(f"cannot write the journal at {path}: {exc.strerror} "
                                    "(zq serve writes there; `zq journal` commands only read)") from None
+        try:
+            self.open_env(map_size)
+        except BaseException:
+            if hasattr(self, "env"):
+                self.env.close()
+            self.release_lock()
+            raise
+        self.staged: list[object] = []
+        # The message records of the last two commits, as the wire carries them
+        # (unsealed): deliveries mostly send what was just published, and a dict lookup
+        # is a third of an LMDB get.
+        self.recent: dict[int, bytes] = {}
+        self.recent_before: dict[int, bytes] = {}
+        # One read transaction for the loop thread's point reads (content, dedup ids),
+        # renewed after each commit: a transaction per read cost more than the read.
+        self.reader_txn: lmdb.Transaction | None = None
+        self.last_sync_ms = 0
+        self.unsynced = False
+
+    def open_env(self, map_size: int) -> None:
+        """Check the files, map them, check the format and the identity mark."""
+        path = self.path
+        try:
+            meta = I.read_meta(path)  # before anything maps the file: truncation is an error, not a SIGBUS
+        except I.Truncated as exc:
+            raise JournalDamaged(f"{exc}; it cannot be served (restore it from a backup or a standby, save what it "
+                                 f"holds with `zq journal repair {path}`, or start anew with `zq journal reset "
+                                 f"{path}`)") from None
+        except JournalDamaged as exc:
+            raise JournalDamaged(f"{exc}; it cannot be opened (restore it from a backup or a standby, or start anew "
+                                 f"with `zq journal reset {path}`)") from None
+        mark = I.read_mark(path)
+        self.mark_problem = ""
+        if meta is None:
+            exists = os.path.exists(self.file)
+            state = "empty (0 bytes)" if exists else "missing"
+            # LMDB writes its meta pages as it creates data.mdb, and lock.mdb beside it:
+            # an empty file, or a lock file alone, is a journal lost, not a new one.
+            held = (f"this directory held a journal up to bookmark {mark.next - 1}" if mark is not None else
+                    "LMDB created a journal here" if exists or os.path.exists(os.path.join(path, I.LOCK_MDB))
+                    else "")
+            if held:
+                raise JournalDamaged(
+                    f"journal {self.file} is {state} but {held}: refusing to start an empty one in its place "
+                    f"(restore the file from a backup or a standby, or start anew with `zq journal reset {path}`)")
+            if self.readonly:
+                raise JournalError(f"no journal at {path} ({self.file} is {state})")
         try:
             self.env = lmdb.open(
                 path,
@@ -90,53 +169,127 @@ class LmdbJournal:
                 sync=False,
                 metasync=False,
                 writemap=False,
-                readonly=readonly,
+                readonly=self.readonly,
                 lock=True,
                 max_readers=256,
+                mode=0o700,
             )
-        except lmdb.Error as exc:
-            self.release_lock()
-            raise JournalError(f"cannot open journal at {path}: {exc}") from exc
-        try:
-            self.msgs = self.env.open_db(b"msgs", create=not readonly)
-            self.events = self.env.open_db(b"events", create=not readonly)
-            self.queues = self.env.open_db(b"queues", create=not readonly)
-            self.meta = self.env.open_db(b"meta", create=not readonly)
+            if not self.readonly:
+                I.tighten(path)
+            self.msgs = self.env.open_db(b"msgs", create=not self.readonly)
+            self.events = self.env.open_db(b"events", create=not self.readonly)
+            self.queues = self.env.open_db(b"queues", create=not self.readonly)
+            self.meta = self.env.open_db(b"meta", create=not self.readonly)
             try:  # message ids for dedup: topic \0 id -> seq, ts (journals before dedup lack it)
-                self.ids: object | None = self.env.open_db(b"ids", create=not readonly)
+                self.ids: object | None = self.env.open_db(b"ids", create=not self.readonly)
             except lmdb.NotFoundError:
                 self.ids = None
+            self.check_format()
         except lmdb.Error as exc:
-            self.env.close()
-            self.release_lock()
-            raise JournalError(f"cannot open journal at {path}: {exc}") from exc
-        self.staged: list[object] = []
-        # The message records of the last two commits, as stored: deliveries mostly
-        # send what was just published, and a dict lookup is a third of an LMDB get.
-        self.recent: dict[int, bytes] = {}
-        self.recent_before: dict[int, bytes] = {}
-        # One read transaction for the loop thread's point reads (content, dedup ids),
-        # renewed after each commit: a transaction per read cost more than the read.
-        self.reader_txn: lmdb.Transaction | None = None
-        self.last_sync_ms = 0
-        self.unsynced = False
-        self.check_format()
+            raise self.damaged(exc, opening=True) from None
+        try:
+            self.high = self.next_seq()  # every bookmark below this is stored
+        except (lmdb.Error, JournalDamaged) as exc:
+            if not self.readonly:
+                raise self.damaged(exc, opening=True) from None
+            self.high = 0  # read-only (the tools): what can be read is read, the rest is named
+            self.mark_problem = f"journal {self.file}: where it ends cannot be read ({exc})"
+        self.mark = mark
+        self.mark_at = time.monotonic()
+        if mark is not None and (mark.journal != self.id or mark.next > self.high):
+            if mark.journal != self.id:
+                problem = (f"journal {self.file} is not the journal this directory held ({mark.journal}, up to "
+                           f"bookmark {mark.next - 1}) but {self.id or 'one without an id'}")
+            else:
+                problem = (f"journal {self.file} ends at bookmark {self.high - 1} but this directory held it up to "
+                           f"bookmark {mark.next - 1}: records are missing (a truncated or older file?)")
+            if not self.readonly:
+                raise JournalDamaged(
+                    f"{problem}; refusing to serve it as it is (restore the file from a backup or a standby, "
+                    f"keep what it holds with `zq journal reset --keep {path}`, or start anew with "
+                    f"`zq journal reset {path}`)")
+            self.mark_problem = problem
+        if not self.readonly and (mark is None or mark.next != self.high):
+            self.env.sync(True)  # the mark never says more than the disk holds
+            self.write_mark()
+
+    def damaged(self, exc: BaseException, opening: bool = False) -> JournalError:
+        """An LMDB error, as one sentence naming the file (and, for damage, the ways out)."""
+        if isinstance(exc, lmdb.MapFullError):
+            return JournalError(f"journal {self.file}: {exc}")
+        if isinstance(exc, (lmdb.ReadonlyError, lmdb.LockError, lmdb.DiskError, lmdb.TlsFullError,
+                            lmdb.ReadersFullError)) or type(exc) is lmdb.Error:
+            return JournalError(f"cannot open journal at {self.path}: {exc}")
+        if opening:
+            return JournalDamaged(f"journal {self.file} is damaged and cannot be opened ({exc}): restore it from a "
+                                  f"backup or a standby, or start anew with `zq journal reset {self.path}`")
+        return JournalDamaged(f"journal {self.file} is damaged ({exc}); `zq journal verify --data {self.path}` "
+                              "names what can still be read")
 
     # --------------------------------------------------------------- format
 
     def check_format(self) -> None:
+        """The stored format: refused when newer than this zq; a format-1 journal is
+        read as it is, and upgraded (sealed from its next bookmark on) when written."""
+        self.tables_sealed = True  # run-time queue records
+        self.sums_from = 0  # records at and above this bookmark are sealed
         with self.env.begin(db=self.meta, write=not self.readonly) as txn:
             raw = txn.get(b"format")
-            if raw is None:
-                if not self.readonly:
-                    txn.put(b"format", str(R.JOURNAL_FORMAT_VERSION).encode())
-                return
-            version = int(raw)
-            if version > R.JOURNAL_FORMAT_VERSION:
+            version = int(raw) if raw is not None else None
+            if version is not None and version > FORMAT_VERSION:
                 raise JournalError(
                     f"journal at {self.path} has format {version}, newer than this zq knows "
-                    f"({R.JOURNAL_FORMAT_VERSION}); upgrade zq to read it"
+                    f"({FORMAT_VERSION}); upgrade zq to read it"
                 )
+            journal_id = txn.get(ID_KEY)
+            if self.readonly:
+                if version is not None and version < 2:
+                    self.tables_sealed, self.sums_from = False, NEVER
+            elif version is None or version < 2:
+                if version is not None:  # format 1: seal from here on, and the queue table now
+                    self.sums_from = self.next_seq_in(txn)
+                    txn.put(SUMS_FROM_KEY, key(self.sums_from))
+                    for k, v in list(txn.cursor(db=self.queues)):
+                        txn.put(k, seal(v), db=self.queues)
+                    log.warning("journal %s: upgraded to format %d (record checksums from bookmark %d on)",
+                                self.path, FORMAT_VERSION, self.sums_from)
+                txn.put(b"format", str(FORMAT_VERSION).encode())
+            if journal_id is None and not self.readonly:
+                journal_id = uuid.uuid4().hex.encode()
+                txn.put(ID_KEY, journal_id)
+            self.id = journal_id.decode() if journal_id is not None else ""
+            raw_from = txn.get(SUMS_FROM_KEY)
+            if raw_from is not None:
+                self.sums_from = unkey(raw_from)
+
+    # --------------------------------------------------------- identity mark
+
+    def write_mark(self) -> None:
+        """Make the directory's mark say every bookmark below ``high`` is here (synced)."""
+        mark = I.Mark(self.id, self.high)
+        self.mark_at = time.monotonic()  # tried again (a full disk) at most every MARK_INTERVAL_S
+        try:
+            I.write_mark(self.path, mark)
+        except OSError as exc:  # a full disk: the older mark stays, which is still true
+            log.error("journal %s: cannot write %s: %s", self.path, I.ID_FILE, exc)
+            return
+        self.mark = mark
+
+    def synced(self, high: int = 0, *, force: bool = False) -> None:
+        """After a sync: every bookmark below ``high`` (and below what this journal
+        wrote) is on disk; the mark follows, at most every ``MARK_INTERVAL_S``."""
+        if high > self.high:
+            self.high = high
+        if self.readonly or (self.mark is not None and self.mark.next == self.high):
+            return
+        if force or time.monotonic() - self.mark_at >= I.MARK_INTERVAL_S:
+            self.write_mark()
+
+    def lower_mark(self, high: int) -> None:
+        """Before deleting records at and above ``high`` (a deposed leader's, truncated):
+        the mark first, so that it never says more than the journal holds."""
+        self.high = high
+        self.write_mark()
 
     # ---------------------------------------------------------------- write
 
@@ -172,6 +325,8 @@ class LmdbJournal:
             raise JournalError(f"journal sync failed: {exc}") from exc
         self.last_sync_ms = now_ms
         self.unsynced = False
+        if self.mark is None or self.mark.next != self.high:
+            self.synced()
 
     def write(self, staged: list[object]) -> None:
         for _ in range(8):
@@ -188,25 +343,30 @@ class LmdbJournal:
 
     def write_once(self, staged: list[object]) -> None:
         enc = R.record_encoder.encode
+        crc, pack = _crc32, _SUM.pack  # each record is stored sealed: its bytes, then their CRC-32
         msgs: list[tuple[bytes, bytes]] = []
         events: list[tuple[bytes, bytes]] = []
         copies: dict[int, R.Message] = {}
+        plain: list[bytes] = []  # the message records as the wire carries them (unsealed)
         with self.env.begin(write=True) as txn:
             for rec in staged:
                 if type(rec) is R.Message:
                     if rec.msg_id is not None and rec.copy_of is None:
                         txn.put(id_key(rec.topic, rec.msg_id), _ID.pack(rec.seq, rec.ts_ms), db=self.ids, overwrite=False)
                     if rec.copy_of is not None:
-                        rec = resolve_copy(rec, copies.get(rec.copy_of) or self.get_in(txn, rec.copy_of))
+                        rec = self.resolve(rec, copies.get(rec.copy_of), txn)
                     copies[rec.seq] = rec
-                    msgs.append((key(rec.seq), enc(rec)))
+                    raw = enc(rec)
+                    plain.append(raw)
+                    msgs.append((key(rec.seq), raw + pack(crc(raw))))
                 elif type(rec) is R.Event:
-                    events.append((key(rec.seq), enc(rec)))
+                    raw = enc(rec)
+                    events.append((key(rec.seq), raw + pack(crc(raw))))
                 elif type(rec) is R.RecoveryPoint:
                     txn.put(b"rp:" + rec.queue.encode(), key(rec.seq), db=self.meta)
                 elif type(rec) is R.QueueDeclared:
                     name = declared_name(rec)
-                    txn.put(name.encode(), enc(rec), db=self.queues)
+                    txn.put(name.encode(), seal(enc(rec)), db=self.queues)
                 elif type(rec) is R.QueueDeleted:
                     txn.delete(rec.queue.encode(), db=self.queues)
                 else:
@@ -223,18 +383,64 @@ class LmdbJournal:
                                                   "(another process writing it?)")
         if msgs:  # committed: these are now what the journal holds
             self.recent_before = self.recent
-            self.recent = dict(zip(copies, [value for _, value in msgs]))  # copies: seq -> record, in order
+            self.recent = dict(zip(copies, plain))  # copies: seq -> record, in order
+            top = unkey(msgs[-1][0]) + 1
+            if top > self.high:
+                self.high = top
+        if events:
+            top = unkey(events[-1][0]) + 1
+            if top > self.high:
+                self.high = top
+
+    def resolve(self, rec: R.Message, original: R.Message | None, txn: lmdb.Transaction) -> R.Message:
+        """A copy (dead letter, move, redrive) with its original's payload and headers;
+        an original damaged in the journal is copied as missing, and says so."""
+        if original is not None:
+            return resolve_copy(rec, original)
+        try:
+            return resolve_copy(rec, self.get_in(txn, rec.copy_of))  # type: ignore[arg-type]
+        except JournalDamaged as exc:
+            log.error("%s: its copy %d is stored without it", exc, rec.seq)
+            out = resolve_copy(rec, None)
+            out.headers["zq.missing"] = "original-damaged"
+            return out
 
     def get_in(self, txn: lmdb.Transaction, seq: int) -> R.Message | None:
         raw = txn.get(key(seq), db=self.msgs)
-        return R.message_decoder.decode(raw) if raw is not None else None
+        return self.decode_message(seq, raw) if raw is not None else None
+
+    def open_record(self, seq: int, stored: bytes, what: str = "message") -> bytes:
+        """A stored record's bytes, its checksum checked (JournalDamaged if it fails).
+        (A bytes slice: cheaper than a memoryview's, and msgspec decodes bytes faster.)"""
+        if seq < self.sums_from:
+            return stored
+        if _crc32(stored) != RESIDUE or len(stored) <= SUM_BYTES:
+            raise JournalDamaged(f"journal {self.file}: the {what} record at bookmark {seq} is damaged (its checksum "
+                                 f"does not match); `zq journal verify --data {self.path}` names every damaged one",
+                                 [seq])
+        return stored[:-SUM_BYTES]
+
+    def decode_message(self, seq: int, stored: bytes) -> R.Message:
+        try:
+            m = R.message_decoder.decode(self.open_record(seq, stored))
+        except msgspec.MsgspecError as exc:
+            raise JournalDamaged(f"journal {self.file}: the message record at bookmark {seq} does not decode "
+                                 f"({exc})", [seq]) from None
+        if m.seq != seq:
+            raise JournalDamaged(f"journal {self.file}: the message record under bookmark {seq} says it is {m.seq} "
+                                 "(a damaged key)", [seq])
+        return m
 
     # ----------------------------------------------------------------- read
+    #
+    # Every read of a message or event record opens it (``open_record``: its checksum,
+    # and its bookmark against its key where the record is decoded): a damaged record is
+    # a ``JournalDamaged`` naming its bookmark, never a wrong message delivered.
 
     def get_message(self, seq: int) -> R.Message | None:
         """The engine's content port: a committed message (dead letters are stored resolved)."""
         raw = self.point_reader().get(_KEY.pack(seq), db=self.msgs)
-        return R.message_decoder.decode(raw) if raw is not None else None
+        return self.decode_message(seq, raw) if raw is not None else None
 
     def point_reader(self) -> lmdb.Transaction:
         """The loop thread's read transaction, seeing every commit so far."""
@@ -254,12 +460,12 @@ class LmdbJournal:
         """The engine's scan port: up to ``limit`` committed messages from ``from_seq`` on
         (TargetQueueDepth reads a queue's inactive part back through it)."""
         out: list[R.Message] = []
-        decode = R.message_decoder.decode
+        decode = self.decode_message
         with self.point_reader().cursor(db=self.msgs) as cur:
             if not cur.set_range(_KEY.pack(from_seq)):
                 return out
-            for v in cur.iternext(keys=False):
-                out.append(decode(v))
+            for k, v in cur.iternext():
+                out.append(decode(unkey(k), v))
                 if len(out) >= limit:
                     break
         return out
@@ -272,7 +478,7 @@ class LmdbJournal:
         return _ID.unpack(raw) if raw is not None else None
 
     def get_messages(self, seqs: list[int]) -> list[R.Message]:
-        dec = R.message_decoder.decode
+        decode = self.decode_message
         out = []
         with self.env.begin(db=self.msgs) as txn:
             get = txn.get
@@ -280,13 +486,15 @@ class LmdbJournal:
                 raw = get(key(seq))
                 if raw is None:
                     raise JournalError(f"message {seq} is not in the journal")
-                out.append(dec(raw))
+                out.append(decode(seq, raw))
         return out
 
     def get_raw(self, seqs: list[int]) -> list[msgspec.Raw]:
-        """Stored message records, undecoded (the server puts them on the wire as is)."""
+        """Message records as the wire carries them (unsealed, undecoded: the server puts
+        them on the wire as they are), each checked."""
         out = []
         recent, before = self.recent, self.recent_before
+        sums_from = self.sums_from
         txn = None
         try:
             for seq in seqs:
@@ -297,6 +505,12 @@ class LmdbJournal:
                     raw = txn.get(_KEY.pack(seq))
                     if raw is None:
                         raise JournalError(f"message {seq} is not in the journal")
+                    # (Its key against its bookmark was checked at recovery, or it was
+                    # written since: the checksum is what a delivery checks.)
+                    if seq >= sums_from:
+                        if _crc32(raw) != RESIDUE:
+                            self.open_record(seq, raw)  # raises, naming it
+                        raw = raw[:-SUM_BYTES]
                 out.append(msgspec.Raw(raw))
         finally:
             if txn is not None:
@@ -310,36 +524,87 @@ class LmdbJournal:
         return self.scan(self.events, R.event_decoder.decode, from_seq, to_seq)
 
     def scan(self, db, decode, from_seq: int, to_seq: int | None, chunk: int = 50_000):  # type: ignore[no-untyped-def]
-        """Iterate in short read transactions so a long scan never pins old pages."""
+        """Iterate in short read transactions so a long scan never pins old pages; each
+        record checked: its checksum, and its bookmark against its key.
+
+        Recovery reads most of a start's time here, so a chunk's keys and values are read
+        apart (no tuple per record), its checksums checked by ``map`` in C, its records
+        decoded one at a time as they are taken, and their bookmarks matched to the keys
+        at the chunk's end. What fails is read again record by record, to name it."""
         stop = key(to_seq) if to_seq is not None else None
         next_seq = from_seq
         while True:
-            batch: list[bytes] = []
-            finished = True
-            with self.env.begin(db=db) as txn, txn.cursor() as cur:
-                if not cur.set_range(key(next_seq)):
+            try:
+                with self.env.begin(db=db) as txn, txn.cursor() as cur:
+                    if not cur.set_range(key(next_seq)):
+                        return
+                    keys = list(islice(cur.iternext(keys=True, values=False), chunk))
+                    cur.set_range(keys[0])
+                    values = list(islice(cur.iternext(keys=False, values=True), len(keys)))
+            except lmdb.Error as exc:
+                raise self.damaged(exc) from None
+            finished = len(keys) < chunk
+            if stop is not None and keys[-1] >= stop:
+                n = bisect_left(keys, stop)
+                del keys[n:], values[n:]
+                finished = True
+                if not keys:
                     return
-                for k, v in cur.iternext():
-                    if stop is not None and k >= stop:
-                        break
-                    batch.append(v)
-                    if len(batch) >= chunk:
-                        next_seq = unkey(k) + 1
-                        finished = False
-                        break
-            for v in batch:
-                yield decode(v)
+            if any(len(k) != 8 for k in (keys[0], keys[-1])):
+                for k, v in zip(keys, values):
+                    self.open_scanned(db, decode, k, v)  # raises at the damaged key
+            next_seq = unkey(keys[-1]) + 1
+            if unkey(keys[0]) < self.sums_from or not all(map(RESIDUE.__eq__, map(_crc32, values))):
+                for k, v in zip(keys, values):  # not all sealed (a format-1 journal), or damaged
+                    yield self.open_scanned(db, decode, k, v)
+            else:
+                seqs: list[int] = []
+                taken = seqs.append
+                try:
+                    for rec in map(decode, map(_UNSEAL, values)):
+                        taken(rec.seq)
+                        yield rec
+                except msgspec.MsgspecError:
+                    i = len(seqs)
+                    self.open_scanned(db, decode, keys[i], values[i])  # raises, naming it
+                if list(map(_KEY.pack, seqs)) != keys:
+                    for k, v in zip(keys, values):
+                        self.open_scanned(db, decode, k, v)  # raises at the first misplaced one
             if finished:
                 return
 
+    def open_scanned(self, db, decode, k: bytes, v: bytes):  # type: ignore[no-untyped-def]
+        """One scanned record, checked: JournalDamaged naming what is wrong with it."""
+        what = "message" if db is self.msgs else "event"
+        try:
+            seq = unkey(k)
+        except JournalDamaged as exc:
+            raise JournalDamaged(f"journal {self.file}: a {what} record has {exc}") from None
+        if seq >= self.sums_from:
+            v = self.open_record(seq, v, what)
+        try:
+            rec = decode(v)
+        except msgspec.MsgspecError as exc:
+            raise JournalDamaged(f"journal {self.file}: the {what} record at bookmark {seq} does not decode ({exc})",
+                                 [seq]) from None
+        if rec.seq != seq:
+            raise JournalDamaged(f"journal {self.file}: the {what} record under bookmark {seq} says it is {rec.seq} "
+                                 "(a damaged key)", [seq])
+        return rec
+
     def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
-        """Up to ``max_records`` stored messages from ``from_seq`` on, undecoded (one short txn)."""
+        """Up to ``max_records`` stored messages from ``from_seq`` on, unsealed and
+        undecoded (one short txn). A damaged one is left out, and logged."""
         out: list[tuple[int, bytes]] = []
         with self.env.begin(db=self.msgs) as txn, txn.cursor() as cur:
             if not cur.set_range(key(from_seq)):
                 return out
             for k, v in cur.iternext():
-                out.append((unkey(k), v))
+                seq = unkey(k)
+                try:
+                    out.append((seq, self.open_record(seq, v)))
+                except JournalDamaged as exc:
+                    log.error("%s (left out of a replay)", exc)
                 if len(out) >= max_records:
                     break
         return out
@@ -359,15 +624,28 @@ class LmdbJournal:
                     hi = mid
                     continue
                 seq = unkey(cur.key())
-                if R.message_decoder.decode(cur.value()).ts_ms >= ts_ms:
+                if self.decode_message(seq, cur.value()).ts_ms >= ts_ms:
                     hi = mid
                 else:
                     lo = seq + 1
             return lo
 
-    def declared(self) -> list[R.QueueDeclared]:
+    def open_table(self, name: bytes, stored: bytes) -> bytes:
+        """A run-time queue record, its checksum checked."""
+        if not self.tables_sealed:
+            return stored
+        if _crc32(stored) != RESIDUE or len(stored) <= SUM_BYTES:
+            raise JournalDamaged(f"journal {self.file}: the declaration of run-time queue "
+                                 f"{name.decode(errors='replace')!r} is damaged (its checksum does not match)")
+        return stored[:-SUM_BYTES]
+
+    def declared_raw(self) -> list[bytes]:
+        """The run-time queue records as the wire carries them (a standby's tables)."""
         with self.env.begin(db=self.queues) as txn:
-            return [R.record_decoder.decode(v) for _, v in txn.cursor()]  # type: ignore[misc]
+            return [bytes(self.open_table(k, v)) for k, v in txn.cursor()]
+
+    def declared(self) -> list[R.QueueDeclared]:
+        return [R.record_decoder.decode(v) for v in self.declared_raw()]  # type: ignore[misc]
 
     def recovery_points(self) -> dict[str, int]:
         out = {}
@@ -383,13 +661,16 @@ class LmdbJournal:
         """The next bookmark: after every record stored, and after every record retention
         deleted (a journal whose every record was deleted does not number from 1 again:
         old bookmarks would name new messages)."""
-        last = 0
         with self.env.begin() as txn:
-            for db in (self.msgs, self.events):
-                with txn.cursor(db=db) as cur:
-                    if cur.last():
-                        last = max(last, unkey(cur.key()))
-            floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
+            return self.next_seq_in(txn)
+
+    def next_seq_in(self, txn: lmdb.Transaction) -> int:
+        last = 0
+        for db in (self.msgs, self.events):
+            with txn.cursor(db=db) as cur:
+                if cur.last():
+                    last = max(last, unkey(cur.key()))
+        floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
         return max(last + 1, unkey(floor) if floor is not None else 0)
 
     def counts(self) -> dict[str, int]:
@@ -408,27 +689,43 @@ class LmdbJournal:
     def trim(self, below_seq: int, older_than_ms: int) -> int:
         """Delete records below ``below_seq`` whose time is before ``older_than_ms``.
 
-        Bounded work per call; returns how many records were deleted.
+        Bounded work per call; returns how many records were deleted. A damaged record
+        stops it (JournalDamaged, logged by the loop): retention never guesses a time.
         """
         deleted = 0
         stop = key(below_seq)
         highest = 0  # the newest bookmark deleted: the journal never numbers below it again
-        with self.env.begin(write=True) as txn:
-            for db, decode in ((self.msgs, R.message_decoder.decode), (self.events, R.event_decoder.decode)):
-                with txn.cursor(db=db) as cur:
-                    while deleted < TRIM_BATCH_MAX and cur.first() and cur.key() < stop:
-                        rec = decode(cur.value())
-                        if rec.ts_ms >= older_than_ms:
-                            break
-                        highest = max(highest, rec.seq)
-                        if db is self.msgs:
-                            self.drop_id(txn, rec)  # type: ignore[arg-type]
-                        cur.delete()
-                        deleted += 1
-            if highest:
-                floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
-                if floor is None or unkey(floor) <= highest:
-                    txn.put(NEXT_FLOOR_KEY, key(highest + 1), db=self.meta)
+        try:
+            with self.env.begin(write=True) as txn:
+                for db, decode, what in ((self.msgs, R.message_decoder.decode, "message"),
+                                         (self.events, R.event_decoder.decode, "event")):
+                    with txn.cursor(db=db) as cur:
+                        while deleted < TRIM_BATCH_MAX and cur.first() and cur.key() < stop:
+                            seq = unkey(cur.key())
+                            try:
+                                rec = decode(self.open_record(seq, cur.value(), what))
+                            except (JournalDamaged, msgspec.MsgspecError) as exc:
+                                # Below every queue's recovery point: no queue needs it, and
+                                # nothing can read it. It goes (its time unknown), said once.
+                                log.error("retention deleted a damaged record no queue needed: %s", exc)
+                                highest = max(highest, seq)
+                                cur.delete()
+                                deleted += 1
+                                continue
+                            if rec.ts_ms >= older_than_ms:
+                                break
+                            highest = max(highest, rec.seq)
+                            if db is self.msgs:
+                                self.drop_id(txn, rec)  # type: ignore[arg-type]
+                            cur.delete()
+                            deleted += 1
+                if highest:
+                    floor = txn.get(NEXT_FLOOR_KEY, db=self.meta)
+                    if floor is None or unkey(floor) <= highest:
+                        txn.put(NEXT_FLOOR_KEY, key(highest + 1), db=self.meta)
+        except lmdb.Error as exc:  # a damaged page: retention stops there (the loop logs it), serving goes on
+            self.release_reader()
+            raise self.damaged(exc) from None
         if deleted:
             self.unsynced = True
             self.release_reader()
@@ -442,17 +739,30 @@ class LmdbJournal:
             if raw is not None and _ID.unpack(raw)[0] == m.seq:
                 txn.delete(k, db=self.ids)
 
+    def drop_id_of(self, txn: lmdb.Transaction, seq: int, stored: bytes) -> None:
+        """``drop_id`` for a stored message about to be deleted (a damaged one keeps its
+        index entry: it names a bookmark no longer there, which dedup tolerates)."""
+        try:
+            self.drop_id(txn, R.message_decoder.decode(self.open_record(seq, stored)))
+        except (JournalDamaged, msgspec.MsgspecError):
+            pass
+
     def reader_check(self) -> int:
         """Free reader slots of dead processes (killed tools pin pages otherwise)."""
         return self.env.reader_check()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.release_reader()
         try:
             if self.staged:
                 self.commit()
             if not self.readonly and self.unsynced:
                 self.sync()
+            if not self.readonly and not self.unsynced:
+                self.synced(force=True)  # a clean stop: the mark says where the journal ends
         except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
             log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
         finally:
@@ -476,7 +786,7 @@ def take_writer_lock(path: str) -> int:
     bookmarks for different messages. The lock is the kernel's: it ends with the
     process, however it ends (SIGKILL included), so a crash never leaves a stale lock.
     """
-    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, I.FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -485,6 +795,7 @@ def take_writer_lock(path: str) -> int:
         finally:
             os.close(fd)
         raise JournalError(f"journal {path} is in use by pid {holder} (one zq serve per data directory)") from None
+    os.fchmod(fd, I.FILE_MODE)  # whatever the umask
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd

@@ -10,6 +10,10 @@ resolved, nothing re-encoded), in bookmark order, and mirrors the two small tabl
 that are not keyed by bookmark (run-time queue declarations, recovery points) and
 what the leader's retention deleted. One write transaction per batch, synced before it
 counts: a standby never claims a position its disk does not hold.
+
+The wire carries records unsealed; the standby seals each as it stores it
+(``integrity.seal``: the same bytes, the same CRC-32 the leader stored), so its journal
+is the leader's byte for byte and checked the same way when read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import msgspec
 from zq.core import records as R
 from zq.core.errors import JournalError
 from zq.journal.base import declared_name
+from zq.journal.integrity import seal
 from zq.journal.lmdb_journal import NEXT_FLOOR_KEY, LmdbJournal, id_key, key, unkey
 from zq.journal.ranges import record_seq
 
@@ -52,7 +57,7 @@ def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto
             for db, rows in ((journal.msgs, messages), (journal.events, events)):
                 if not rows:
                     continue
-                pairs = [(key(record_seq(raw)), raw) for raw in rows]
+                pairs = [(key(record_seq(raw)), seal(raw)) for raw in rows]
                 with txn.cursor(db=db) as cur:
                     _, added = cur.putmulti(pairs, append=True, overwrite=False)
                 if added != len(pairs):
@@ -78,7 +83,7 @@ def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto
                 for k in stale:
                     txn.delete(k, db=journal.queues)
                 for k, raw in wanted.items():
-                    txn.put(k, raw, db=journal.queues)
+                    txn.put(k, seal(raw) if journal.tables_sealed else raw, db=journal.queues)
             if recovery_points is not None:
                 for name, seq in recovery_points.items():
                     txn.put(b"rp:" + name.encode(), key(min(seq, upto)), db=journal.meta)
@@ -89,6 +94,7 @@ def apply(journal: LmdbJournal, messages: list[bytes], events: list[bytes], upto
             txn.put(POSITION_KEY, key(upto), db=journal.meta)
             txn.put(NEXT_FLOOR_KEY, key(upto), db=journal.meta)  # promoted, it numbers on from here
         journal.env.sync(True)
+        journal.synced(upto)  # the directory's mark follows (at most every few seconds)
     except msgspec.DecodeError as exc:
         raise JournalError(f"the leader sent a record this standby cannot read: {exc}") from None
     finally:
@@ -103,7 +109,7 @@ def trim_below(journal: LmdbJournal, txn, below: int) -> int:  # type: ignore[no
         with txn.cursor(db=db) as cur:
             while deleted < TRIM_MAX and cur.first() and cur.key() < stop:
                 if db is journal.msgs:
-                    journal.drop_id(txn, R.message_decoder.decode(cur.value()))
+                    journal.drop_id_of(txn, unkey(cur.key()), cur.value())
                 cur.delete()
                 deleted += 1
     return deleted
@@ -173,13 +179,15 @@ def truncate_from(journal: LmdbJournal, seq: int) -> int:
     on. Its copy then goes on from ``seq``. Returns the records deleted."""
     deleted = 0
     start = key(seq)
+    if seq < journal.high:
+        journal.lower_mark(seq)  # first: the directory's mark never says more than the journal holds
     try:
         with journal.env.begin(write=True) as txn:
             for db in (journal.msgs, journal.events):
                 with txn.cursor(db=db) as cur:
                     while cur.set_range(start):
                         if db is journal.msgs:
-                            journal.drop_id(txn, R.message_decoder.decode(cur.value()))
+                            journal.drop_id_of(txn, unkey(cur.key()), cur.value())
                         cur.delete()
                         deleted += 1
             with txn.cursor(db=journal.meta) as cur:

@@ -205,8 +205,8 @@ def journal_tables(server: AdminHost, peer: Peer, a: TablesArgs, now: int) -> di
     queue declarations as stored, the recovery points, and the first bookmark the
     journal still holds (below it, retention deleted everything). Committed state only."""
     j = server.journal
+    declared = j.declared_raw()  # as the wire carries them (the standby seals them again)
     with j.env.begin() as txn:
-        declared = [bytes(v) for _, v in txn.cursor(db=j.queues)]
         first = 0
         for db in (j.msgs, j.events):
             with txn.cursor(db=db) as cur:

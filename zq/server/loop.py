@@ -34,8 +34,9 @@ from zq.core import records as R
 from zq.core.effects import Revoke
 from zq.core.engine import Engine
 from zq.core.errors import ConfigError, JournalError, ProtocolError, ZqError
-from zq.journal.base import recover_engine
+from zq.journal.integrity import JournalDamaged
 from zq.journal.lmdb_journal import LmdbJournal
+from zq.journal.salvage import recover
 from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
@@ -83,7 +84,11 @@ class Server(Commands, Stats):
                               "`zq serve --node NAME`), not by a lone dispatcher")
         self.ctx = context or zmq.Context.instance()
         self.journal = LmdbJournal(config.data, durability=config.durability, fsync_interval_ms=config.fsync_interval_ms)
-        self.engine: Engine = recover_engine(self.journal, config.queues, auto_queues=config.auto_queues)
+        try:
+            self.engine: Engine = recover(self.journal, config.queues, auto_queues=config.auto_queues)
+        except BaseException:
+            self.journal.close()
+            raise
         self.engine.expr_limits = config.expr_limits
         try:
             self.router = router or open_router(config, self.ctx)
@@ -660,12 +665,28 @@ class Server(Commands, Stats):
         """Send journal records as they are stored (``msgspec.Raw``): no decode, no re-encode."""
         consumer, _, sub = d.sub_id.partition("/")
         peer_id = bytes.fromhex(consumer)
-        raws = self.journal.get_raw(d.seqs)
+        deliveries = d.deliveries
+        try:
+            raws = self.journal.get_raw(d.seqs)
+        except JournalDamaged:  # damaged on disk since recovery checked it: send the others, say which
+            raws, deliveries = self.sound_raws(d.seqs, d.deliveries)
         batch = limits.DELIVER_BATCH_MAX
         for i in range(0, len(raws), batch):
-            frame = wire.encode(wire.DeliverRaw(sub, raws[i : i + batch], d.deliveries[i : i + batch]))
+            frame = wire.encode(wire.DeliverRaw(sub, raws[i : i + batch], deliveries[i : i + batch]))
             if not self.send(peer_id, frame):
                 return
+
+    def sound_raws(self, seqs: list[int], deliveries: list[int]) -> tuple[list[msgspec.Raw], list[int]]:
+        """The records of ``seqs`` that are sound; the damaged ones are logged (their
+        leases run out, and the queue's limits dead-letter them in the end)."""
+        raws, counts = [], []
+        for seq, n in zip(seqs, deliveries):
+            try:
+                raws += self.journal.get_raw([seq])
+                counts.append(n)
+            except JournalDamaged as exc:
+                log.error("not delivered: %s", exc)
+        return raws, counts
 
     def revoke(self, r: Revoke) -> None:
         consumer, _, sub = r.sub_id.partition("/")

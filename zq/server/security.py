@@ -77,6 +77,7 @@ def check_section(sec: SecuritySection, base: Path) -> SecuritySection:
         raise ConfigError(f"security.secret_key: cannot read {secret}: {exc}") from None
     if not secret_key:
         raise ConfigError(f"security.secret_key: {secret} holds no secret key (use the .key_secret file)")
+    warn_if_exposed(secret)
     if not os.path.isdir(allow):
         raise ConfigError(f"security.allow: {allow} is not a directory of public certificates")
     clients = []
@@ -85,6 +86,23 @@ def check_section(sec: SecuritySection, base: Path) -> SecuritySection:
         public_key_of(key, f"security.client[{i}].key")
         clients.append(msgspec.structs.replace(c, key=key))
     return msgspec.structs.replace(sec, secret_key=secret, allow=allow, client=clients)
+
+
+def warn_if_exposed(secret: str) -> str:
+    """A secret key others can read is one anyone on the machine can serve as this
+    dispatcher with: said loudly at start (not refused: a deployment's own access
+    rules, e.g. a group of operators, may be deliberate). Returns the warning ('' if none)."""
+    try:
+        mode = os.stat(secret).st_mode & 0o777
+    except OSError:
+        return ""
+    if not mode & 0o077:
+        return ""
+    who = " and ".join(w for w, bits in (("its group", 0o070), ("every user", 0o007)) if mode & bits)
+    warning = (f"security.secret_key {secret} is open to {who} (mode {mode:04o}): anyone who reads it can pose as "
+               f"this dispatcher to its clients; make it the owner's alone: chmod 600 {secret}")
+    log.warning("%s", warning)
+    return warning
 
 
 class _LoggingAuthenticator(ThreadAuthenticator):

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 
 from zq.core.errors import LimitError, ProtocolError
+from zq.journal.integrity import tighten
 from zq.journal.lmdb_journal import LmdbJournal
 
 log = logging.getLogger("zq.server")
@@ -55,7 +56,7 @@ class Snapshots:
             raise LimitError(f"at most {SNAPSHOTS_MAX} journal snapshots at once: try again later")
         self.serial += 1
         path = os.path.join(self.dir, str(self.serial))
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
         snap = Snapshot(self.serial, peer_id, path, now, next_seq=self.journal.next_seq())
         snap.thread = threading.Thread(target=self.copy, args=(snap,), name="zq-snapshot", daemon=True)
         self.open[snap.id] = snap
@@ -65,6 +66,7 @@ class Snapshots:
     def copy(self, snap: Snapshot) -> None:
         try:
             self.journal.env.copy(snap.path, compact=True)
+            tighten(snap.path)  # the copy is as private as the journal
             size = os.path.getsize(os.path.join(snap.path, "data.mdb"))
         except Exception as exc:  # noqa: BLE001 -- a full disk, most likely: the standby is told
             snap.error = f"the snapshot failed: {exc}"

@@ -41,6 +41,7 @@ import zmq
 from zq import wire
 from zq.core.errors import JournalError, ZqError
 from zq.journal import replica
+from zq.journal.integrity import FILE_MODE, ID_FILE
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.keys import apply_client_curve
 from zq.server.router import Router
@@ -316,7 +317,7 @@ class Standby:
                 raise TimeoutError("no snapshot")
         path = self.journal.path
         partial = os.path.join(path, "snapshot.partial")
-        with open(partial, "wb") as f:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as f:
             offset, size = 0, status["size"]
             while offset < size:
                 chunk = self.request(lambda req: wire.Admin(req, "snapshot-read", {
@@ -328,6 +329,12 @@ class Standby:
             f.flush()
             os.fsync(f.fileno())
         self.journal.close()
+        # The journal is replaced on purpose: its directory's mark goes first (a mark
+        # left naming the old journal would refuse the new one, rightly, at the next start).
+        try:
+            os.remove(os.path.join(path, ID_FILE))
+        except FileNotFoundError:
+            pass
         os.replace(partial, os.path.join(path, "data.mdb"))
         try:
             os.remove(os.path.join(path, "lock.mdb"))  # the old file's reader table

@@ -337,16 +337,13 @@ def check_journal(path: str, confirmed: dict[int, str], boundaries: list[int], f
     try:
         group_of: dict[int, str | None] = {}
         topic_of: dict[int, str] = {}
-        with j.env.begin(db=j.msgs) as txn:
-            for _, v in txn.cursor():
-                m = R.message_decoder.decode(v)
-                group_of[m.seq] = m.headers.get("group")
-                topic_of[m.seq] = m.topic
+        for m in j.read_messages(0):  # each record checked (checksum, bookmark)
+            group_of[m.seq] = m.headers.get("group")
+            topic_of[m.seq] = m.topic
         for b in confirmed:
             if b not in topic_of:
                 out.append(f"confirmed bookmark {b} is not in the journal")
-        with j.env.begin(db=j.events) as txn:
-            events = [R.event_decoder.decode(v) for _, v in txn.cursor()]
+        events = list(j.read_events(0))
     finally:
         j.env.close()
 
