@@ -142,3 +142,25 @@ def test_zq_publish_with_a_line_over_the_limit_fails_at_once_with_one_clear_line
     assert out.returncode != 0
     err = out.stderr.decode()
     assert "over the dispatcher's limit" in err and "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://localhost", "tcp://127.0.0.1:7780/", "tcp://127.0.0.1:", "tcp://:7780",
+                                      "tcp://127.0.0.1:70000", "tcp://127.0.0.1:0", "tcp://127.0.0.1:7780/x", "ipc://",
+                                      "tcp://127.0.0.1:7780,tcp://10.0.0.6"])
+@pytest.mark.parametrize("make", [Client, Publisher, lambda e: Worker(e, "q")], ids=["Client", "Publisher", "Worker"])
+def test_an_endpoint_without_a_port_or_with_a_path_is_refused_in_the_callers_thread(make, endpoint):
+    """They passed the check before and killed the I/O thread with a traceback (issue 32 §4)."""
+    import threading
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="HOST:PORT|no address"):
+        quick(make, endpoint)
+    assert threading.active_count() == before  # no thread was started, no socket left open
+
+
+def test_well_formed_endpoints_still_pass_the_check():
+    from zq.client.session import check_endpoint
+
+    for ok in ("tcp://127.0.0.1:7780", "tcp://[::1]:7780", "tcp://host-1.example:1", "tcp://eth0;10.0.0.5:7780",
+               "ipc:///tmp/zq.sock", "inproc://zq", "tcp://a:1,tcp://b:2"):
+        check_endpoint(ok)

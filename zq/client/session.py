@@ -484,8 +484,20 @@ def check_endpoint(endpoint: object) -> None:
             raise ValueError(f"a cluster address is zk://HOST:PORT[,HOST:PORT...]/PATH, got {endpoint[:100]!r}")
         return
     for part in endpoint.split(","):
-        if not part.strip().startswith(_SCHEMES):
-            raise ValueError(f"endpoint {part.strip()!r} has no transport: write tcp://{part.strip()} "
+        part = part.strip()
+        if not part.startswith(_SCHEMES):
+            raise ValueError(f"endpoint {part!r} has no transport: write tcp://{part} "
                              f"(or ipc://, inproc://)")
+        if part.startswith("tcp://"):
+            m = _TCP_ENDPOINT.fullmatch(part)
+            if m is None or not 1 <= int(m.group(1)) <= 65535:
+                raise ValueError(f"endpoint {part[:100]!r}: a tcp endpoint is tcp://HOST:PORT (a port 1..65535, "
+                                 "nothing after it), e.g. tcp://127.0.0.1:7780")
+        elif part.split("://", 1)[1] == "":
+            raise ValueError(f"endpoint {part!r} names no address after its transport")
+
+
+# tcp://HOST:PORT, HOST a name, an IPv4 address or [IPv6]; libzmq's "SOURCE;" prefix allowed.
+_TCP_ENDPOINT = re.compile(r"tcp://(?:[^;/\s]+;)?(?:\[[0-9A-Fa-f:.%a-z]+\]|[A-Za-z0-9._-]+):(\d{1,5})")
 
 
