@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "bench"
+BENCH_STANDBY_SECRET = "zq-bench-standby-secret"  # replicas_ack on a lone leader: its standbys show it
 
 
 def free_port() -> int:
@@ -80,7 +81,8 @@ class Fleet:
         else:
             extra = []
             if replicas_ack:  # confirmations wait for that many standbys (each a `zq standby` process)
-                Path(self.tmp, "zq.toml").write_text(f"[cluster]\nreplicas_ack = {replicas_ack}\n")
+                Path(self.tmp, "zq.toml").write_text(f'[cluster]\nreplicas_ack = {replicas_ack}\n'
+                                                     f'standby_secret = "{BENCH_STANDBY_SECRET}"\n')
                 extra = ["--config", f"{self.tmp}/zq.toml"]
             self.server = subprocess.Popen(
                 [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
@@ -88,7 +90,8 @@ class Fleet:
             )
             self.standbys = [
                 subprocess.Popen([sys.executable, "-m", "zq.cli", "standby", self.endpoint, "--data",
-                                  f"{self.tmp}/standby{i}"], env=child_env(), stderr=subprocess.DEVNULL)
+                                  f"{self.tmp}/standby{i}"], env={**child_env(), "ZQ_STANDBY_SECRET": BENCH_STANDBY_SECRET},
+                                 stderr=subprocess.DEVNULL)
                 for i in range(replicas_ack)
             ]
         from zq.client import Client

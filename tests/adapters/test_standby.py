@@ -20,9 +20,10 @@ from zq.server.standby import Standby, StandbyError
 from .support import ServerProcess, env, wait_until
 
 
-def start_standby(leader: str, data: Path, *extra: str) -> subprocess.Popen:
+def start_standby(leader: str, data: Path, *extra: str, secret: str = "") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zq.cli", "standby", leader, "--data", str(data), "--status-every",
-                             "0.5", *extra], env=env(), stderr=subprocess.PIPE, text=True)
+                             "0.5", *extra], env={**env(), "ZQ_STANDBY_SECRET": secret}, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -237,7 +238,8 @@ def test_with_replicas_ack_a_confirmation_waits_for_a_standby_and_none_is_lost(t
     is on the standby when the leader is SIGKILLed mid-stream (no waiting for it to
     catch up), so the promoted copy has every one."""
     cfg = tmp_path / "zq.toml"
-    cfg.write_text('[cluster]\nreplicas_ack = 1\n')
+    secret = "a standby's secret, 16+ chars"
+    cfg.write_text(f'[cluster]\nreplicas_ack = 1\nstandby_secret = "{secret}"\n')
     (tmp_path / "a").mkdir()
     leader = ServerProcess(tmp_path / "a", config=cfg).start()
     standby_dir = tmp_path / "b" / "journal"
@@ -248,7 +250,7 @@ def test_with_replicas_ack_a_confirmation_waits_for_a_standby_and_none_is_lost(t
             with pytest.raises(TimeoutError):
                 first.result(timeout=1.0)
             assert c.stats()["server"]["replication"]["held_confirmations"] == 1
-            follower = start_standby(leader.endpoint, standby_dir)
+            follower = start_standby(leader.endpoint, standby_dir, secret=secret)
             confirmed = [first.result(timeout=30)]
             standbys = c.stats()["server"]["replication"]["standbys"]
             assert len(standbys) == 1 and standbys[0]["name"] == "zq standby"
@@ -289,7 +291,15 @@ def test_replicas_ack_is_checked_in_the_config(tmp_path):
             Config.from_dict({"cluster": {"replicas_ack": __import__("tomllib").loads(f"v = {bad}")["v"]}})
     with pytest.raises(ConfigError, match="cluster"):
         Config.from_dict({"cluster": {"nope": 1}})
-    assert Config.from_dict({"cluster": {"replicas_ack": 2}}).replicas_ack == 2
+    secret = "s" * 16
+    assert Config.from_dict({"cluster": {"replicas_ack": 2, "standby_secret": secret}}).replicas_ack == 2
+    # A standby's word releases confirmations: without [security], only one that shows the secret.
+    with pytest.raises(ConfigError, match="standby_secret"):
+        Config.from_dict({"cluster": {"replicas_ack": 1}})
+    for bad in ("short", "é" * 16, "tab\there-and-more", "x" * 1025):
+        with pytest.raises(ConfigError, match="standby_secret"):
+            Config.from_dict({"cluster": {"replicas_ack": 1, "standby_secret": bad}})
+    assert Config.from_dict({"cluster": {"replicas_ack": 0}}).replicas_ack == 0  # nothing waits: nothing to prove
 
 
 def test_hostile_bounds_from_a_would_be_standby_get_clear_answers(tmp_path):

@@ -444,7 +444,8 @@ def test_a_secured_cluster_elects_copies_and_fails_over_with_keys(make_cluster, 
     ('[cluster]\nzookeeper = "127.0.0.1:1"\n', ["--node", "n 1"], "cluster.node (or --node)"),
     ('[cluster]\nzookeeper = "127.0.0.1:1"\n', ["--node", "x" * 10_000], "cluster.node (or --node)"),
     ('[cluster]\nzookeeper = "127.0.0.1:1"\n', [], "cluster.node (or --node)"),  # no name anywhere
-    ('[cluster]\nreplicas_ack = 1\n', ["--node", "n1"], "--node needs a [cluster] block with zookeeper"),
+    ('[cluster]\nreplicas_ack = 1\nstandby_secret = "0123456789abcdef"\n', ["--node", "n1"],
+     "--node needs a [cluster] block with zookeeper"),
     ('[cluster]\nzookeeper = "127.0.0.1:1"\nnode = "n1"\n', ["--bind", "tcp://*:7781"], "cluster.advertise"),
 ])
 def test_zq_serve_refuses_a_bad_node_setting_with_a_usage_error(tmp_path, toml, args, says):

@@ -18,6 +18,8 @@ class Recorder:
         self.asked: list[tuple[list[str], int, object]] = []
         self.lease = True
         self.state: ClusterState | None = None
+        self.proofs_read = False
+        self.epoch_checks: list[tuple[int, int, object]] = []
 
     def serving(self) -> bool:
         return self.lease
@@ -29,6 +31,15 @@ class Recorder:
         isr, _, done = self.asked.pop(0)
         done(ok)
         return isr
+
+    def read_proofs_soon(self) -> None:
+        self.proofs_read = True
+
+    def proven(self, node: str, token: str) -> bool:
+        return token == f"token of {node}"
+
+    def check_epoch(self, mine: int, claimed: int, on_newer) -> None:  # type: ignore[no-untyped-def]
+        self.epoch_checks.append((mine, claimed, on_newer))
 
 
 def duty(replicas_ack: int = 1, min_insync: int = 0, isr=("n1", "n2", "n3")) -> tuple[LeaderDuty, Recorder]:
@@ -124,3 +135,21 @@ def test_a_clean_stop_waits_for_the_in_sync_standbys_then_stops_and_gives_up_aft
     assert stopped == [1]
     d2.tick({}, 6_000, 100)  # five seconds: it stops anyway (standbys gone)
     assert stopped == [1, 2]
+
+
+def test_only_zookeeper_proves_a_standby_or_deposes_the_leader():
+    """A standby's position counts only with the proof ZooKeeper holds for its node (a new
+    leader reads them at once); a claimed newer epoch is checked with ZooKeeper, and only
+    its answer deposes (zq.server.election does both against a real one:
+    tests/cluster/test_hostile_peers.py)."""
+    d, rec = duty()
+    assert rec.proofs_read
+    assert d.proven("n2", "token of n2") and not d.proven("n2", "a guess") and not d.proven("n2", "")
+    assert d.stats({}, 1_000)["unproven"] == 2
+    d.newer_epoch_claimed(2**62)
+    (mine, claimed, on_newer), = rec.epoch_checks
+    assert (mine, claimed) == (4, 2**62) and not d.deposed and d.serving()  # asked, not believed
+    woke: list[int] = []
+    d.wake = lambda: woke.append(1)
+    on_newer()  # ZooKeeper says the epoch moved
+    assert d.deposed and not d.serving() and woke == [1]

@@ -107,7 +107,12 @@ def serve(
     """Run the dispatcher until SIGTERM or Ctrl-C (then commit everything and stop).
 
     With a [cluster] block naming ZooKeeper, run one node of an elected cluster: it
-    leads when ZooKeeper elects it and is a standby of the leader until then."""
+    leads when ZooKeeper elects it and is a standby of the leader until then.
+
+    A data directory that held a journal is never started empty: a journal file that is
+    missing, empty, truncated or shorter than the directory's mark (journal.id), or
+    holds damaged records, is refused with one line naming the damage. `zq journal
+    repair DIR` keeps everything sound; `zq journal reset DIR` starts anew on purpose."""
     from zq.server import Server
 
     log_with_time()
@@ -184,11 +189,13 @@ def standby(
     """Keep a copy of a dispatcher's journal, pulled as it grows, until SIGTERM or Ctrl-C.
 
     Promote it by hand: stop it, then `zq serve --data DIR` on its directory. CurveZMQ
-    keys come from $ZQ_KEY / $ZQ_SERVER_KEY, as for any client."""
+    keys come from $ZQ_KEY / $ZQ_SERVER_KEY, as for any client; the leader's [cluster]
+    standby_secret from $ZQ_STANDBY_SECRET (its replicas_ack counts this copy only then)."""
     import time as time_mod
 
     from zq.keys import client_curve
     from zq.server.standby import NotLeader, Standby
+    from zq.server.trust import STANDBY_SECRET_ENV
 
     from zq.client.session import check_endpoint
 
@@ -199,7 +206,8 @@ def standby(
     except ValueError as exc:
         raise fail(str(exc), RET_USAGE) from None
     try:
-        follower = Standby(endpoint_of(leader), data, curve=client_curve(), batch=batch)
+        follower = Standby(endpoint_of(leader), data, curve=client_curve(), batch=batch,
+                           proof=os.environ.get(STANDBY_SECRET_ENV, ""))
         responder = NotLeader(bind, leader) if bind else None
     except ZqError as exc:
         raise fail(str(exc)) from None

@@ -15,9 +15,10 @@ gone*).
 While it leads, ``zq.server.leadership.LeaderDuty`` is what the loop asks of the
 cluster: may it serve, which standbys are in sync, how far they have synced.
 
-Stepping down: when its session is lost, or a standby tells it of a newer epoch, it
-stops serving, closes its dispatcher and becomes a standby of the new leader, first
-truncating what it wrote that the new leader never had (``zq.journal.replica``).
+Stepping down: when its session is lost, or ZooKeeper's state shows a newer epoch (a
+standby naming one only makes it look), it stops serving, closes its dispatcher and
+becomes a standby of the new leader, first truncating what it wrote that the new
+leader never had (``zq.journal.replica``). Whose word counts at all: ``zq.server.trust``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ class Node:
             follower.stop()
 
     def run(self) -> None:
+        if self.config.security is None:
+            log.warning("cluster node %s runs WITHOUT [security]: anyone who reaches a node may publish, consume "
+                        "and administer, and can read what the nodes send each other, the tokens that prove a "
+                        "standby included; anyone who reaches ZooKeeper can read those tokens and rewrite who "
+                        "leads. Keep the nodes and ZooKeeper on a network only they share, or add a [security] "
+                        "block (README: \"A cluster: automatic failover\")", self.cc.node)
         self.coord.start()
         try:
             while not self.stopping.is_set():
@@ -105,8 +112,9 @@ class Node:
         from zq.server.standby import NotLeader, Standby
 
         if self.responder is None:
-            self.responder = NotLeader(self.config.bind, "", self.ctx, router=open_router(self.config, self.ctx),
-                                       wait_for_leader=True, heartbeat_ms=self.config.heartbeat_ms)
+            self.responder = NotLeader(self.config.bind, "", self.ctx,
+                                       router=open_router(self.config, self.ctx), wait_for_leader=True,
+                                       heartbeat_ms=self.config.heartbeat_ms)
         follower: Standby | None = None
         restart_at = 0.0
         target = ("", 0)
@@ -126,8 +134,9 @@ class Node:
                         follower = self.follower = None
                     target = leader
                     if leader[0]:
-                        follower = Standby(leader[0], self.config.data, curve=client_curve(), context=self.ctx,
-                                           node=self.cc.node, epoch=leader[1])
+                        follower = Standby(leader[0], self.config.data, curve=client_curve(),
+                                           context=self.ctx, node=self.cc.node, epoch=leader[1],
+                                           proof=self.coord.token)
                         self.follower = follower
                         self.responder.follow(leader[0], follower.state)
                         thread = threading.Thread(target=self.follow, args=(follower,), name="zq-standby", daemon=True)

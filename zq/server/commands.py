@@ -37,6 +37,7 @@ from zq.server.security import Rights, Security
 from zq.server.security import check as check_rights
 from zq.server.sessions import Peer, check_sub_id, sub_key
 from zq.server.snapshots import Snapshots
+from zq.server.trust import STANDBY_SECRET_ENV, same_secret
 
 if TYPE_CHECKING:
     from zq.server.leadership import LeaderDuty
@@ -311,17 +312,19 @@ class Commands:
                 raise ProtocolError("an epoch is 0..2^63-1")
             if self.cluster is not None and cmd.epoch > self.cluster.epoch:
                 # Fenced at the resource: a standby that knows a newer leader will not
-                # copy this one, and this one has learnt it is deposed.
-                self.cluster.deposed = True
-                raise NotLeaderError(f"epoch {cmd.epoch} has a newer leader than this one ({self.cluster.epoch})")
-            # Never past what exists: a peer cannot claim records that were not written.
-            peer.replica_position = max(peer.replica_position, min(cmd.position, self.engine.next_seq))
-            if cmd.node:
-                if peer.node and peer.node != cmd.node:
-                    raise ProtocolError(f"this session is standby {peer.node!r}: its node name cannot change")
-                peer.node = cmd.node
-            if self.cluster is not None and peer.node:
-                self.cluster.standby_reported(peer, peer.replica_position, self.engine.next_seq, now)
+                # copy this one. Only ZooKeeper deposes it, though: anyone can send this.
+                self.cluster.newer_epoch_claimed(cmd.epoch)
+                raise NotLeaderError(f"epoch {cmd.epoch} is newer than this leader's ({self.cluster.epoch}): "
+                                     "it steps down if ZooKeeper says so")
+            if cmd.node and peer.node and peer.node != cmd.node:
+                raise ProtocolError(f"this session is standby {peer.node!r}: its node name cannot change")
+            if self.position_counts(cmd):
+                # Never past what exists: a peer cannot claim records that were not written.
+                peer.replica_position = max(peer.replica_position, min(cmd.position, self.engine.next_seq))
+                if cmd.node:
+                    peer.node = cmd.node
+                if self.cluster is not None and peer.node:
+                    self.cluster.standby_reported(peer, peer.replica_position, self.engine.next_seq, now)
         if cmd.wait_ms and cmd.at_ms is None and self.engine.next_seq <= cmd.after:
             if len(self.bounds_waiting) >= self.config.max_connections:
                 raise LimitError("too many waiting bounds requests")
@@ -330,6 +333,23 @@ class Commands:
         seq_at = self.journal.seq_at_time(cmd.at_ms) if cmd.at_ms is not None else None
         self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at,
                                                  "tables": self.engine.tables_changes, "epoch": self.epoch}))
+
+    def position_counts(self, cmd: wire.Bounds) -> bool:
+        """Is this BOUNDS's position a standby's word (``zq.server.trust``)? A cluster
+        node's when ZooKeeper holds its ``proof`` for the node it names (not yet, or not
+        that: the answer is as usual, the position is ignored); else, with a
+        ``standby_secret``, when it is shown (refused otherwise); else, with
+        ``[security]``, the key's right (checked already); with none of them it is only
+        shown in stats (such a leader has no ``replicas_ack``: config refuses it)."""
+        if self.cluster is not None and cmd.node:
+            return self.cluster.proven(cmd.node, cmd.proof)
+        secret = self.config.cluster_section.standby_secret
+        if secret:
+            if not same_secret(secret, cmd.proof):
+                raise NotEntitledError("a standby's position counts only with the leader's [cluster] standby_secret "
+                                       f"(`zq standby` reads it from ${STANDBY_SECRET_ENV})")
+            return True
+        return self.security is not None or not self.config.replicas_ack
 
     def on_range(self, peer_id: bytes, peer: Peer, cmd: wire.Range, now: int) -> None:
         self.ranges.forward(peer_id, cmd)  # the reader thread answers (zq.server.ranges)

@@ -153,6 +153,9 @@ class ClusterSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     session_timeout: str = "2s"  # ZooKeeper's session: how long a silent leader keeps leading
     min_insync: int = 0  # with replicas_ack: publishes wait while fewer standbys are in sync
     replica_lag: str = "3s"  # a standby that has not caught up for this long leaves the in-sync set
+    # Without ``zookeeper``: what a hand-started standby (``zq standby``, $ZQ_STANDBY_SECRET)
+    # must show for its position to count (with [security], its key's journal-tables right too).
+    standby_secret: str = ""
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -203,6 +206,24 @@ def cluster_config(c: ClusterSection, bind: list[str], node_override: str | None
         raise ConfigError(f"cluster.min_insync must be 0..{REPLICAS_ACK_MAX}, got {c.min_insync}")
     return ClusterConfig(zookeeper=c.zookeeper, path=c.path, node=node, advertise=advertise,
                          session_timeout_ms=timeout, min_insync=c.min_insync, replica_lag_ms=lag)
+
+
+STANDBY_SECRET_CHARS = (16, 1024)
+
+
+def check_standby_secret(c: ClusterSection, secured: bool, replicas_ack: int) -> None:
+    """A standby's position releases confirmations, so the leader must be able to tell a
+    standby from any client: in a cluster ZooKeeper vouches for its nodes
+    (``zq.server.trust``); a lone leader needs ``[security]`` or ``standby_secret``."""
+    secret = c.standby_secret
+    lo, hi = STANDBY_SECRET_CHARS
+    if secret and not (lo <= len(secret) <= hi and secret.isascii() and secret.isprintable()):
+        raise ConfigError(f"cluster.standby_secret must be {lo}..{hi} printable ASCII characters "
+                          "(e.g. python -c 'import secrets; print(secrets.token_hex(16))')")
+    if replicas_ack and not c.zookeeper and not secured and not secret:
+        raise ConfigError("cluster.replicas_ack without [security] needs cluster.standby_secret (given to "
+                          "`zq standby` as $ZQ_STANDBY_SECRET): otherwise any client that sends BOUNDS would "
+                          "count as a standby and release confirmations nothing holds")
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -293,6 +314,7 @@ class Config(msgspec.Struct, kw_only=True):
             cfg.cluster = cluster_config(fc.cluster, cfg.bind)
         if not 0 <= cfg.replicas_ack <= REPLICAS_ACK_MAX:
             raise ConfigError(f"{source}: cluster.replicas_ack must be 0..{REPLICAS_ACK_MAX}, got {cfg.replicas_ack}")
+        check_standby_secret(fc.cluster, cfg.security is not None, cfg.replicas_ack)
         names = [q.name for q in cfg.queues]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -14,6 +14,14 @@ under the cluster's path:
   nodes that hold every confirmed record: only they may take over.
 * ``nodes/<node>``: ephemeral, each live node's endpoint (for ``zq stats`` and for
   clients that look the cluster up).
+* ``proofs/<node>``: ephemeral, created with ``nodes/<node>`` in one transaction: a
+  random token the node made when it started. Its standby shows it in every BOUNDS; the
+  leader counts a standby's position (for confirmations and for ``isr``) only when
+  ZooKeeper lists that node and holds that token for it (``proven``). A client that
+  merely names a node is not that node.
+
+Only ZooKeeper deposes a leader: a standby naming a newer epoch makes the leader read
+``state`` (``check_epoch``); it steps down only if the epoch there moved.
 
 The lease
 ---------
@@ -31,8 +39,10 @@ default, is above the 30 s zq allows.)
 
 from __future__ import annotations
 
+import hmac
 import logging
 import queue
+import secrets
 import threading
 import time
 from typing import Any, Callable
@@ -44,6 +54,9 @@ from zq.core.errors import ZqError
 log = logging.getLogger("zq.election")
 
 LEASE_FRACTION = 0.75  # of the session timeout: how long one round trip lets a leader serve
+PROOF_READ_INTERVAL_S = 0.5  # a node's proof is read from ZooKeeper at most this often (a mismatch asks again)
+EPOCH_CHECK_INTERVAL_S = 0.25  # a claimed newer epoch is checked against ZooKeeper at most this often
+REFUTED_LOG_INTERVAL_S = 10.0  # "ZooKeeper still has epoch N" is logged at most this often
 
 
 class ElectionError(ZqError):
@@ -95,6 +108,16 @@ class Coordinator:
         self.jobs: queue.Queue = queue.Queue()  # compare-and-sets the leader asks for (renewer thread)
         self.stopping = threading.Event()
         self.renewer: threading.Thread | None = None
+        # This node's proof (``proofs/<node>``), and the leader's cache of the others'.
+        self.token = secrets.token_hex(16)
+        self.proofs: dict[str, bytes] = {}  # node -> its token, as ZooKeeper last had it
+        self.proof_asked: dict[str, float] = {}  # node -> when its proof was last read (monotonic)
+        self.proof_reading: set[str] = set()
+        self.guard = threading.Lock()  # (the loop thread asks, the renewer thread reads ZooKeeper)
+        self.epoch_checking = False
+        self.epoch_check_after = 0.0
+        self.refuted = 0  # claimed newer epochs ZooKeeper did not confirm
+        self.refuted_logged_at = -REFUTED_LOG_INTERVAL_S
 
     # ------------------------------------------------------------ session
 
@@ -109,6 +132,7 @@ class Coordinator:
             self.zk.stop()
             raise ElectionError(f"cannot reach ZooKeeper at {self.hosts} in {wait_s:.0f}s") from None
         self.zk.ensure_path(f"{self.path}/nodes")
+        self.zk.ensure_path(f"{self.path}/proofs")
         try:
             self.zk.create(f"{self.path}/state", b"", makepath=True)
         except NodeExistsError:
@@ -120,21 +144,27 @@ class Coordinator:
         self.renewer.start()
 
     def register(self) -> None:
-        """Our ephemeral member node (again after a lost session). A node started again
-        right after a crash finds its previous session's node still there until that
-        session expires: the renewer tries again until it is ours."""
-        from kazoo.exceptions import NodeExistsError, NoNodeError
+        """Our ephemeral member node and proof, in one transaction (again after a lost
+        session). A node started again right after a crash finds its previous session's
+        nodes still there until that session expires: the renewer tries again until
+        they are ours."""
+        from kazoo.exceptions import NoNodeError
 
-        body = msgspec.json.encode({"endpoint": self.endpoint})
-        try:
-            self.zk.create(f"{self.path}/nodes/{self.node}", body, ephemeral=True)
+        member, proof = f"{self.path}/nodes/{self.node}", f"{self.path}/proofs/{self.node}"
+        tx = self.zk.transaction()
+        tx.create(member, msgspec.json.encode({"endpoint": self.endpoint}), ephemeral=True)
+        tx.create(proof, self.token.encode(), ephemeral=True)
+        if not any(isinstance(r, Exception) for r in tx.commit()):
             self.registered = True
-        except NodeExistsError:  # a previous session of ours, not yet expired; or a duplicate node name
+        else:  # a previous session of ours, not yet expired; or a duplicate node name; or ours already
             try:
-                _, stat = self.zk.get(f"{self.path}/nodes/{self.node}")
+                _, member_stat = self.zk.get(member)
+                token, proof_stat = self.zk.get(proof)
             except NoNodeError:
-                return  # gone meanwhile: the next try creates it
-            self.registered = stat.ephemeralOwner == self.zk.client_id[0]
+                return  # gone meanwhile: the next try creates them
+            mine = self.zk.client_id[0]
+            self.registered = member_stat.ephemeralOwner == mine == proof_stat.ephemeralOwner and \
+                token == self.token.encode()
             if not self.registered:
                 log.warning("a node named %r is in the cluster already (our previous session, until it "
                             "expires, or another node with this name): trying again", self.node)
@@ -157,6 +187,8 @@ class Coordinator:
 
     def members_changed(self, children: list[str]) -> None:
         self.alive = set(children)
+        for gone in set(self.proofs) - self.alive:  # a node whose session ended proves nothing more
+            self.proofs.pop(gone, None)
         self.on_change()
 
     def stop(self) -> None:
@@ -207,6 +239,85 @@ class Coordinator:
         if not self.lost and not self.suspended:
             self.lease_until = max(self.lease_until, sent + LEASE_FRACTION * self.session_timeout_s)
         return True
+
+    # ------------------------------------------------------------ proofs and claims
+
+    def proven(self, node: str, token: str) -> bool:
+        """Is ``token`` what ZooKeeper holds for ``node``, a node it lists? (The leader's
+        loop thread: never waits. Unknown or different: the proof is read again, at most
+        every PROOF_READ_INTERVAL_S, in the renewer thread; until then, not proven.)"""
+        if not token or node == self.node or node not in self.alive:
+            return False
+        known = self.proofs.get(node)
+        if known is not None and hmac.compare_digest(known, token.encode()):
+            return True
+        self.read_proof_soon(node)
+        return False
+
+    def read_proof_soon(self, node: str) -> None:
+        now = time.monotonic()
+        with self.guard:
+            if node in self.proof_reading or now - self.proof_asked.get(node, -1e9) < PROOF_READ_INTERVAL_S:
+                return
+            self.proof_reading.add(node)
+            self.proof_asked[node] = now
+        self.jobs.put(lambda: self.read_proof(node))
+
+    def read_proof(self, node: str) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            token, _ = self.zk.get(f"{self.path}/proofs/{node}")
+            if node in self.alive:
+                self.proofs[node] = token
+        except NoNodeError:
+            self.proofs.pop(node, None)
+        except Exception as exc:  # noqa: BLE001 -- ZooKeeper away: not proven, asked again later
+            log.debug("proof of %s not read: %s", node, exc)
+        finally:
+            with self.guard:
+                self.proof_reading.discard(node)
+                self.proof_asked[node] = time.monotonic()
+
+    def read_proofs_soon(self) -> None:
+        """A new leader: read every listed node's proof before their standbys report."""
+        for node in sorted(self.alive - {self.node}):
+            self.read_proof_soon(node)
+
+    def check_epoch(self, mine: int, claimed: int, on_newer: Callable[[], None]) -> None:
+        """Someone says epoch ``claimed`` exists (this leader's is ``mine``): read the
+        state (in the renewer thread, one read at a time, at most every
+        EPOCH_CHECK_INTERVAL_S) and call ``on_newer`` only if ZooKeeper's epoch moved."""
+        now = time.monotonic()
+        with self.guard:
+            if self.epoch_checking or now < self.epoch_check_after:
+                return
+            self.epoch_checking = True
+
+        def job() -> None:
+            try:
+                raw, _ = self.zk.get(f"{self.path}/state")
+                current = decode_state(raw)
+                if current is not None and current.epoch > mine:
+                    log.warning("told of epoch %d: ZooKeeper has epoch %d (leader %s), newer than this leader's %d",
+                                claimed, current.epoch, current.leader, mine)
+                    on_newer()
+                else:
+                    self.refuted += 1
+                    at = time.monotonic()
+                    if at - self.refuted_logged_at >= REFUTED_LOG_INTERVAL_S:
+                        self.refuted_logged_at = at
+                        log.warning("a BOUNDS named epoch %d: ZooKeeper still has epoch %d, this leader goes on "
+                                    "(%d such claims refuted so far)", claimed,
+                                    current.epoch if current is not None else 0, self.refuted)
+            except Exception as exc:  # noqa: BLE001 -- not known: the lease and the state's watch decide
+                log.warning("a claimed epoch %d not checked with ZooKeeper: %s", claimed, exc)
+            finally:
+                with self.guard:
+                    self.epoch_checking = False
+                    self.epoch_check_after = time.monotonic() + EPOCH_CHECK_INTERVAL_S
+
+        self.jobs.put(job)
 
     # ------------------------------------------------------------ the lock
 

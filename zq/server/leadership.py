@@ -8,6 +8,11 @@ ZooKeeper, made *before* a confirmation may go without that standby), and how fa
 in-sync standbys have synced: replicated confirmations wait for every in-sync standby
 and for at least ``max(replicas_ack, min_insync)`` of them, so whichever in-sync
 standby takes over has every confirmed record.
+
+Whose word counts: a standby's position only once ZooKeeper vouches for the node it
+names (``proven``: the node is listed and the BOUNDS carries the token ZooKeeper holds
+for it); a claimed newer epoch only once ZooKeeper's state shows it
+(``newer_epoch_claimed``). Any client can send BOUNDS.
 """
 
 from __future__ import annotations
@@ -53,6 +58,23 @@ class LeaderDuty:
         self.handover_end = -1
         self.handover_until_ms = 0
         self.stop_server = lambda: None
+        self.unproven = 0  # standby positions not counted: the node was not proven
+        coord.read_proofs_soon()
+
+    def proven(self, node: str, proof: str) -> bool:
+        """Does this BOUNDS come from the node it names? (``Coordinator.proven``.)"""
+        if self.coord.proven(node, proof):
+            return True
+        self.unproven += 1
+        return False
+
+    def newer_epoch_claimed(self, epoch: int) -> None:
+        """A BOUNDS named a newer epoch than this leader's: step down if ZooKeeper says so."""
+        self.coord.check_epoch(self.epoch, epoch, self.depose)
+
+    def depose(self) -> None:
+        self.deposed = True
+        self.wake()
 
     def serving(self) -> bool:
         return not self.deposed and self.coord.serving()
@@ -129,5 +151,5 @@ class LeaderDuty:
 
     def stats(self, peers: dict[bytes, Peer], now: int) -> dict:
         return {"role": "leader", "node": self.node, "epoch": self.epoch, "isr": sorted(self.isr),
-                "serving": self.serving(), "need_insync": self.need,
+                "serving": self.serving(), "need_insync": self.need, "unproven": self.unproven,
                 "lag_ms": {n: self.lag_of(n, now) for n in sorted(self.isr | set(self.caught_up_ms)) if n != self.node}}

@@ -39,6 +39,7 @@ import msgspec
 import zmq
 
 from zq import wire
+from zq.core import limits
 from zq.core.errors import JournalError, ZqError
 from zq.journal import replica
 from zq.journal.integrity import FILE_MODE, ID_FILE
@@ -108,6 +109,7 @@ class NotLeader:
             sock = self.ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, limits.FRAME_BYTES_MAX)  # as the dispatcher's own socket
             try:
                 for b in binds:
                     sock.bind(b)
@@ -140,6 +142,17 @@ class NotLeader:
             time.monotonic() - copy.heard_at < 2 * copy.leader_heartbeat_s
 
     def run(self) -> None:
+        """Answer until stopped or handed over; nothing a frame holds ends the thread (a
+        failure is logged and the loop goes on), or that endpoint would go silent until
+        the next failover."""
+        while not self.stopping.is_set():
+            try:
+                self.serve()
+            except Exception:  # noqa: BLE001 -- a bug here must not silence the endpoint: say it, go on
+                log.exception("the standby's not-leader answerer failed; it goes on")
+                self.stopping.wait(0.05)
+
+    def serve(self) -> None:
         next_beat = 0.0
         while not self.stopping.is_set():
             vouched = self.vouched()
@@ -172,7 +185,7 @@ class NotLeader:
     def answer(self, peer: bytes, frame: bytes) -> None:
         try:
             cmd = wire.client_decoder.decode(frame)
-        except msgspec.MsgspecError:
+        except (ValueError, TypeError, RecursionError):  # msgspec's errors, and a str that is not UTF-8
             cmd = None
         if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
             return
@@ -204,10 +217,12 @@ class Standby:
     """Follow the dispatcher at ``endpoint`` into the journal at ``data``."""
 
     def __init__(self, endpoint: str, data: str, *, curve: tuple[bytes, bytes, bytes] | None = None,
-                 batch: int = 65_536, context: zmq.Context | None = None, node: str = "", epoch: int = 0) -> None:
+                 batch: int = 65_536, context: zmq.Context | None = None, node: str = "", epoch: int = 0,
+                 proof: str = "") -> None:
         self.endpoint = endpoint
         self.node = node  # in an elected cluster: this node's name, and the leader's epoch it expects
         self.epoch = epoch
+        self.proof = proof  # shown in every BOUNDS: its node's token, or the leader's standby_secret (zq.server.trust)
         self.journal = LmdbJournal(data, durability="fsync")
         self.curve = curve
         self.batch = batch
@@ -252,7 +267,8 @@ class Standby:
         # of up to a second for the leader's journal to pass it: caught up, the answer
         # comes as soon as the leader commits more.
         pos = st.position
-        bounds = self.request(lambda req: wire.Bounds(req, None, pos, BOUNDS_WAIT_MS, pos, self.node, self.epoch))
+        bounds = self.request(lambda req: wire.Bounds(req, None, pos, BOUNDS_WAIT_MS, pos, self.node, self.epoch,
+                                                                self.proof))
         end, tables_version = bounds["next_seq"], bounds.get("tables", -1)
         if bounds.get("epoch", 0) < self.epoch:  # fenced at the resource: no records from a deposed leader
             raise StandbyError(f"{self.endpoint} leads epoch {bounds.get('epoch', 0)}, older than {self.epoch}: "

@@ -179,6 +179,9 @@ class Bounds(_Cmd, tag="bounds"):
     position: int = -1
     node: str = ""  # a cluster standby's node name (zq.server.cluster)
     epoch: int = 0  # the newest leader epoch the standby knows: an older leader is refused
+    # Who says so: a cluster node's token as ZooKeeper holds it for ``node``, or a hand-started
+    # standby's ``[cluster] standby_secret``; a position without it counts for nothing.
+    proof: str = ""
 
 
 class QueryCmd(_Cmd, tag="query"):
