@@ -380,3 +380,20 @@ def test_a_huge_hello_name_is_cut_before_the_journal_names_a_consumer_by_it(serv
             assert c.stats()["queues"]["named"]["leased"] == 1  # and the server goes on
     finally:
         sock.close(0)
+
+
+@pytest.mark.parametrize("op", ["ack", "cancel", "expire", "extend"])
+def test_a_settle_naming_more_bookmarks_than_any_subscription_holds_is_refused_whole(server, peer, op):
+    """ACK / CANCEL / EXPIRE / EXTEND took any number of bookmarks (RELEASE was capped):
+    one ACK of 6 M held the loop 1.75 s and its REFUSED echoed them all (issue 32 §3)."""
+    from zq.core import limits
+
+    n = limits.ACK_BATCH_MAX + 1
+    make = {"ack": lambda: wire.Ack("s", list(range(n))), "cancel": lambda: wire.Cancel("s", list(range(n))),
+            "expire": lambda: wire.Expire("s", list(range(n))), "extend": lambda: wire.Extend("s", list(range(n)), 1000)}
+    answer = peer.ask(make[op]())
+    assert type(answer) is wire.Error and answer.code == "limit" and f"in one {op}" in answer.message, answer
+    st = server_stats(server)["server"]
+    assert st["internal_errors"] == 0
+    refused = peer.ask(wire.Ack("s", list(range(limits.ACK_BATCH_MAX))))  # at the cap: answered as before
+    assert type(refused) is wire.Refused and refused.reason == "unknown-subscription"

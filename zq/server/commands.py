@@ -225,7 +225,11 @@ class Commands:
                now: int, extra_ms: int = 0, delay_ms: int = -1, error: str = "") -> None:
         """Apply a settle, fenced by its epochs; tell the client what was not applied:
         a REFUSED per result (``lost``, ``done``, ``unknown``), or with ``req`` one
-        REPLY giving every bookmark's result, ``ok`` included."""
+        REPLY giving every bookmark's result, ``ok`` included. A frame names at most
+        ``ACK_BATCH_MAX`` bookmarks (a subscription holds at most ``BACKLOG_MAX``): one
+        frame of millions held the loop for seconds and its REFUSED echoed them all."""
+        if len(cmd.bookmarks) > limits.ACK_BATCH_MAX or len(cmd.epochs) > limits.ACK_BATCH_MAX:
+            raise LimitError(f"at most {limits.ACK_BATCH_MAX} bookmarks in one {op}")
         if cmd.sub not in peer.subs:
             if op == "ack" and not cmd.req and self.replayer.credit(sub_key(peer, cmd.sub), len(cmd.bookmarks)):
                 return  # a replay's client took these: room for more
