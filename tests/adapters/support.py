@@ -39,6 +39,39 @@ def raw_dealer(endpoint: str):  # type: ignore[no-untyped-def]
     return raw
 
 
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``zq ARGS...`` in its own process, as a user types it (bounded)."""
+    return subprocess.run([sys.executable, "-m", "zq.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env(), cwd=ROOT)
+
+
+def raw_session(endpoint: str, name: str = "raw"):  # type: ignore[no-untyped-def]
+    """A bare DEALER that said HELLO and got WELCOME (frames by hand, as a hostile peer)."""
+    import zmq
+
+    from zq import wire
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+    assert sock.poll(10_000), "no WELCOME"
+    assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+    return sock
+
+
+def frames_for(sock, seconds: float) -> list[object]:  # type: ignore[no-untyped-def]
+    """Every frame ``sock`` receives in the next ``seconds``, decoded."""
+    from zq import wire
+
+    out = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if sock.poll(int(left * 1000) + 1):
+            out.append(wire.server_decoder.decode(sock.recv()))
+    return out
+
+
 class ServerProcess:
     """`zq serve` in its own process, on an ipc endpoint inside ``data_dir``."""
 

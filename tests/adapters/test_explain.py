@@ -12,7 +12,7 @@ import pytest
 import zq
 from zq.core.errors import ProtocolError, UnknownQueueError
 
-from .support import ROOT, configured_server, env
+from .support import ROOT, cli, configured_server, env
 
 CONFIG = """
 [[queue]]
@@ -26,11 +26,6 @@ lease = "30s"
 @pytest.fixture
 def server(tmp_path):
     yield from configured_server(tmp_path, CONFIG)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zq.cli", *args], capture_output=True, text=True, timeout=60,
-                          env=env(), cwd=ROOT)
 
 
 def test_explain_follows_a_message_from_waiting_to_leased_to_acked(server):

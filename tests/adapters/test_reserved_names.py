@@ -17,7 +17,7 @@ import pytest
 import zq
 from zq.core.errors import ReservedNameError
 
-from .support import ROOT, configured_server, env
+from .support import ROOT, cli, configured_server, env
 
 CONFIG = r"""
 [[queue]]
@@ -31,11 +31,6 @@ group_header = "customer"
 @pytest.fixture
 def server(tmp_path):
     yield from configured_server(tmp_path, CONFIG)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zq.cli", *args], capture_output=True, text=True, timeout=60,
-                          env=env(), cwd=ROOT)
 
 
 def test_a_publish_to_a_configured_queue_name_it_does_not_take_is_refused_and_nothing_leaves(server):

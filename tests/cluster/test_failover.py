@@ -20,7 +20,7 @@ from zq.core.errors import ResumePointError
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 
-from tests.adapters.support import wait_until
+from tests.adapters.support import frames_for, raw_session, wait_until
 
 QUEUE = '[[queue]]\nname = "jobs"\nlease = "30s"\n'
 
@@ -185,25 +185,6 @@ def take(client, n: int) -> list[int]:  # type: ignore[no-untyped-def]
             got.append(m.bookmark)
             m.ack()
     return got
-
-
-def raw_session(endpoint: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "raw")))
-    assert sock.poll(10_000), "no WELCOME"
-    assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
-    return sock
-
-
-def frames_for(sock: zmq.Socket, seconds: float) -> list[object]:
-    out = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        if sock.poll(int(left * 1000) + 1):
-            out.append(wire.server_decoder.decode(sock.recv()))
-    return out
 
 
 def test_a_leader_paused_past_its_session_confirms_and_delivers_nothing_after(make_cluster):

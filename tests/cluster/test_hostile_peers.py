@@ -29,29 +29,9 @@ import zmq
 import zq
 from zq import wire
 
-from tests.adapters.support import ServerProcess, env, wait_until
+from tests.adapters.support import ServerProcess, env, frames_for, raw_session, wait_until
 
 QUEUE = '[[queue]]\nname = "jobs"\nlease = "30s"\n'
-
-
-def raw_session(endpoint: str, name: str = "raw") -> zmq.Socket:
-    """A DEALER that said HELLO and got WELCOME."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
-    assert sock.poll(10_000), "no WELCOME"
-    assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
-    return sock
-
-
-def frames_for(sock: zmq.Socket, seconds: float) -> list[object]:
-    out = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        if sock.poll(int(left * 1000) + 1):
-            out.append(wire.server_decoder.decode(sock.recv()))
-    return out
 
 
 def answer_to(sock: zmq.Socket, frame: bytes, seconds: float = 10.0) -> object:
