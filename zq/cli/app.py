@@ -136,6 +136,9 @@ def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
+    if config is not None and cfg.security is not None:  # SIGHUP reads the entitlements again too
+        config_path = config
+        server.rules_source = lambda: Config.load(config_path).security  # (a bad file: ConfigError, logged)
     queues = ", ".join(server.engine.queues) or "none yet (auto-created on first use)"
     from zq.build import describe
 

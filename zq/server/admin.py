@@ -16,12 +16,13 @@ import msgspec
 from zq.core import limits
 from zq.core import records as R
 from zq.core.engine import Engine
-from zq.core.errors import ProtocolError
+from zq.core.errors import NotEntitledError, ProtocolError
 from zq.core.explain import explain as explain_message
 from zq.core.manage import BulkCursor
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.config import QueueSection, queue_settings
+from zq.server.security import Rights
 from zq.server.sessions import Peer, holder_name, sub_key
 from zq.server.snapshots import Snapshots
 
@@ -131,7 +132,72 @@ def groups(server: AdminHost, peer: Peer, a: GroupsArgs, now: int) -> Any:
     return rows
 
 
+# A topics pattern a narrow key may give: a literal (``\\.`` for a dot) or a literal
+# followed by one trailing ``.*`` / ``.+``; any other regex needs consume ["*"].
+_REGEX_META = set("^$.*+?()[]{}|\\")
+
+
+def _literal_prefix(pattern: str) -> tuple[str, bool] | None:
+    """``pattern`` as (literal, open-ended) if it is a literal, or a literal then a
+    trailing ``.*`` / ``.+``; None for anything else (any other metacharacter)."""
+    open_ended = pattern.endswith((".*", ".+")) and not pattern.endswith(("\\.*", "\\.+"))
+    body = pattern[:-2] if open_ended else pattern
+    out, i = [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\":
+            if i + 1 >= len(body) or body[i + 1].isalnum():  # \d, \w, \A, ...: a class, not a literal
+                return None
+            out.append(body[i + 1])
+            i += 2
+            continue
+        if ch in _REGEX_META:
+            return None
+        out.append(ch)
+        i += 1
+    return "".join(out), open_ended
+
+
+def _glob_covers_prefix(globs: list[str], prefix: str) -> bool:
+    """Is every name starting with ``prefix`` matched by one of ``globs``? (A glob
+    ``X*`` with no other wildcard, and ``prefix`` starting with ``X``.)"""
+    for g in globs:
+        if g == "*":
+            return True
+        head = g[:-1]
+        if g.endswith("*") and not any(c in head for c in "*?[") and prefix.startswith(head):
+            return True
+    return False
+
+
+def check_queue_rights(rights: Rights, a: QueueSection) -> None:
+    """A narrow key may create a queue only over what it may read and write itself:
+    the name (the topic it reads when ``topics`` is unset) within its ``consume`` globs,
+    ``topics`` a literal within them or a literal prefix then ``.*`` that one glob
+    covers (any other regex needs consume ["*"]), and ``publish_to`` / ``dead_letter``
+    (where the queue writes) within its ``publish`` globs."""
+    def refuse(what: str) -> NotEntitledError:
+        return NotEntitledError(f"queue-create: this client's key may not {what}")
+
+    if not rights.allows("consume", a.name):
+        raise refuse(f"consume {a.name[:80]!r}, so it may not create it")
+    if a.topics is not None and not rights.everything("consume"):
+        literal = _literal_prefix(a.topics)
+        if literal is None:
+            raise refuse(f"read topics {a.topics[:80]!r}: a narrow key's topics are a literal, or a literal "
+                         "then .*, within its consume entitlements")
+        text, open_ended = literal
+        if not (_glob_covers_prefix(rights.consume, text) if open_ended else rights.allows("consume", text)):
+            raise refuse(f"read topics {a.topics[:80]!r}")
+    for field_name in ("publish_to", "dead_letter"):
+        target = getattr(a, field_name)
+        if target is not None and not rights.allows("publish", target):
+            raise refuse(f"publish to {target[:80]!r} ({field_name})")
+
+
 def queue_create(server: AdminHost, peer: Peer, a: QueueSection, now: int) -> Any:
+    if peer.rights is not None:  # with security on, a remote key: its settings are checked against its rights
+        check_queue_rights(peer.rights, a)
     settings = queue_settings(a, f"queue {a.name!r}")
     server.engine.declare_queue(settings, server.configured_queue)
     return msgspec.to_builtins(server.engine.queues[a.name].settings)

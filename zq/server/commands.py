@@ -84,6 +84,7 @@ class Commands:
     peers: dict[bytes, Peer]
     security: Security | None
     pending_rights: Rights | None
+    asking: Peer | None  # the remote session whose frame is being handled (what it may be shown)
     replayer: Replayer
     ranges: RangeReader
     claims: dict[str, tuple[bytes, int, int]]
@@ -272,7 +273,11 @@ class Commands:
         self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))
 
     def on_queues(self, peer_id: bytes, peer: Peer, cmd: wire.Queues, now: int) -> None:
-        self.reply(peer_id, wire.Reply(cmd.req, [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()]))
+        """The queues this session's key may consume or browse (all of them without
+        security, or for an in-process session)."""
+        rights = peer.rights if self.security is not None and self.asking is peer else None
+        self.reply(peer_id, wire.Reply(cmd.req, [msgspec.to_builtins(q.settings) for q in self.engine.queues.values()
+                                                 if rights is None or rights.sees(q.name)]))
 
     def on_peek(self, peer_id: bytes, peer: Peer, cmd: wire.Peek, now: int) -> None:
         """Up to ``limit`` waiting messages, and about ``PEEK_BYTES_MAX`` of them at most:

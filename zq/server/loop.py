@@ -22,6 +22,7 @@ import select
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -33,7 +34,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.effects import Revoke
 from zq.core.engine import Engine
-from zq.core.errors import ConfigError, JournalError, ProtocolError, ZqError
+from zq.core.errors import ConfigError, JournalError, NotEntitledError, ProtocolError, ZqError
 from zq.journal.integrity import JournalDamaged
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.journal.salvage import recover
@@ -42,8 +43,8 @@ from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
-from zq.server.security import Rights, Security
-from zq.server.sessions import Peer, sub_key, wall_ms
+from zq.server.security import Rights, Security, SecuritySection
+from zq.server.sessions import Peer, PeerTable, sub_key, wall_ms
 from zq.server.snapshots import Snapshots
 from zq.server.stats import Stats
 
@@ -100,13 +101,17 @@ class Server(Commands, Stats):
         if self.security is not None:
             self.security_monitor = self.router.security_monitor
         self.reload_requested = False  # SIGHUP: read the allowlist again
+        # SIGHUP also reads the entitlements again from here (``zq serve -c FILE``: the
+        # file's [security]); None: only the allowlist is read again.
+        self.rules_source: Callable[[], SecuritySection | None] | None = None
         self.endpoints: list[str] = self.router.endpoints
         # An elected cluster's leader (zq.server.cluster): whether it may serve, its
         # epoch, the in-sync standbys. None: a dispatcher on its own.
         self.cluster = cluster
         if cluster is not None:
             cluster.wake = self.wake
-        self.peers: dict[bytes, Peer] = {}
+        self.peers: dict[bytes, Peer] = PeerTable()  # by routing id; ``by_label``: by the session's public name
+        self.asking: Peer | None = None  # the remote session whose frame is being handled (what STATS may show it)
         # The direct path (zq.server.local): in-process sessions step the dispatcher in
         # their own threads under this lock; the loop thread holds it for each iteration.
         self.lock = threading.Lock()
@@ -195,6 +200,23 @@ class Server(Commands, Stats):
             os.write(self.wake_w, b"x")
         except OSError:
             pass
+
+    def reread_rules(self) -> None:
+        """SIGHUP: the entitlements as the config file says now. A file that no longer
+        reads (or lost [security]) changes nothing: said in the log, the rules stay."""
+        if self.rules_source is None or self.security is None:
+            return
+        try:
+            section = self.rules_source()
+        except ZqError as exc:
+            log.error("SIGHUP: %s; the entitlements stay as they were", exc)
+            return
+        if section is None:
+            log.error("SIGHUP: the config has no [security] now; the entitlements stay as they were "
+                      "(security cannot be turned off while serving)")
+            return
+        self.security.set_rules(section)
+        log.info("SIGHUP: entitlements read again (%d keys with rules of their own)", len(section.client))
 
     def request_reload(self) -> None:
         """SIGHUP: read the allowlist again at the next heartbeat (signal-safe)."""
@@ -298,7 +320,8 @@ class Server(Commands, Stats):
         if self.bulk_actions:
             self.run_bulk(now)
         for peer_id, frame in self.ranges.answers():
-            self.send(peer_id, frame)
+            if peer_id in self.peers:  # its session ended meanwhile: the id may be someone else's now
+                self.send(peer_id, frame)
         t2 = clock()
         self.engine.advance(now)
         out = self.engine.drain(now)
@@ -346,9 +369,9 @@ class Server(Commands, Stats):
             if self.closed:
                 raise LinkClosedError("the embedded dispatcher has stopped")
             self.link_serial += 1
-            # 17 bytes from a zero byte: never a ROUTER identity (libzmq's are 5 bytes
-            # from a zero byte; a client's own may not start with one).
-            link = LocalLink(self, b"\x00zq-local" + self.link_serial.to_bytes(8, "big"))
+            # LOCAL_ID_BYTES (264) bytes: never a ROUTER routing id, which libzmq keeps to
+            # 1..255 bytes (a client may choose its own, zero byte first included).
+            link = LocalLink(self, local_link_id(self.link_serial))
             self.links[link.peer_id] = link
         link.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
         return link
@@ -478,8 +501,10 @@ class Server(Commands, Stats):
             user = None
             if not sock.getsockopt(_RCVMORE):
                 body = b""
-            elif self.security is not None and peer_id not in self.peers:
-                frame = sock.recv(copy=False)  # a new session: its key (ZAP's User-Id) is in the frame's metadata
+            elif self.security is not None:
+                # Every frame's key (ZAP's User-Id, in the frame's metadata): rights come from
+                # the key that sent it, never from the routing id it came by.
+                frame = sock.recv(copy=False)
                 body, key = frame.bytes, frame.get("User-Id")
                 user = key if isinstance(key, str) else None
             else:
@@ -506,6 +531,14 @@ class Server(Commands, Stats):
             self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {exc}"))
             return
         peer = self.peers.get(peer_id)
+        secured = self.security is not None and not trusted
+        if secured and peer is not None and peer.key != user:
+            self.key_mismatch(peer_id, peer, user, now)
+            peer = None
+            if type(cmd) is not wire.Hello:
+                self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION,
+                                               "no session for this key: say HELLO first"))
+                return
         if peer is None and type(cmd) is not wire.Hello:
             # Unknown here: never said HELLO, or its session died with an earlier server.
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION, "no session: say HELLO first"))
@@ -514,17 +547,62 @@ class Server(Commands, Stats):
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
-            if self.security is not None and not trusted:
+            if secured:
+                if type(cmd) is wire.Hello and not self.security.allowed(user):  # type: ignore[union-attr]
+                    # Connected before its key left the allowlist: no new session for it.
+                    self.security.hello_refused += 1  # type: ignore[union-attr]
+                    if peer is not None:
+                        self.drop_peer(peer_id, now)
+                    raise NotEntitledError("this client's key is no longer allowed")
                 self.entitled(peer, cmd, user)
+                self.asking = peer
             HANDLERS[type(cmd)](self, peer_id, peer, cmd, now)
+            if secured and type(cmd) is wire.Hello:
+                fresh = self.peers.get(peer_id)
+                if fresh is not None:
+                    fresh.key = user  # the session's key: every later frame must carry it
         except ZqError as exc:
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
         except Exception as exc:  # noqa: BLE001 -- the safety net: one peer's frame never ends the dispatcher
             self.internal_errors += 1
-            log.exception("internal error handling %s from %s", type(cmd).__name__, peer_id.hex())
+            log.exception("internal error handling %s from %s", type(cmd).__name__, peer_id.hex()[:64])
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), INTERNAL,
                                            f"internal error ({type(exc).__name__}); the dispatcher goes on"))
+        finally:
+            self.asking = None
         self.note_time(type(cmd).__name__, (time.perf_counter() - started) * 1000, peer_id)
+
+    def key_mismatch(self, peer_id: bytes, peer: Peer, user: str | None, now: int) -> None:
+        """A frame from another key than its session's (or none) came by that session's
+        routing id: a peer that took the id of a connection that dropped (libzmq holds one
+        connection per id, so the session's own is gone). Not handled under the session;
+        the session ends now rather than at its dead-peer timeout, so that nothing more
+        of it (deliveries, answers) goes to the newcomer. Counted, logged once per session."""
+        assert self.security is not None
+        self.security.key_mismatch += 1
+        log.warning("session %s (%s, key %s) ended: a frame came by its routing id from another key (%s); "
+                    "not handled under it", peer.label, peer.name, (peer.key or "?")[:12], (user or "none")[:12])
+        self.drop_peer(peer_id, now)
+
+    def recheck_sessions(self, now: int) -> None:
+        """After a reload: end the sessions whose key is no longer allowed or whose
+        entitlements shrank (their next frame gets ``no-session``); those whose rights
+        grew get them now."""
+        assert self.security is not None
+        for peer_id, peer in list(self.peers.items()):
+            if peer.key is None or peer_id in self.links:
+                continue  # an in-process session: the embedding process itself
+            rights = self.security.rights_of(peer.key)
+            if not self.security.allowed(peer.key):
+                why = "its key is no longer allowed"
+            elif peer.rights is not None and not rights.covers(peer.rights):
+                why = "its key's entitlements shrank"
+            else:
+                peer.rights = rights
+                continue
+            self.security.sessions_ended += 1
+            log.warning("session %s (%s, key %s) ended on reload: %s", peer.label, peer.name, peer.key[:12], why)
+            self.drop_peer(peer_id, now)
 
     def note_time(self, what: str, took_ms: float, who: bytes) -> None:
         """The watchdog: count what held the loop past its threshold, keep the slowest."""
@@ -664,7 +742,10 @@ class Server(Commands, Stats):
     def deliver(self, d) -> None:  # type: ignore[no-untyped-def]
         """Send journal records as they are stored (``msgspec.Raw``): no decode, no re-encode."""
         consumer, _, sub = d.sub_id.partition("/")
-        peer_id = bytes.fromhex(consumer)
+        peer = self.peers.by_label.get(consumer)  # type: ignore[attr-defined]
+        if peer is None:
+            return  # its session ended: its leases end with it (never sent to whoever has the id now)
+        peer_id = peer.peer_id
         deliveries = d.deliveries
         try:
             raws = self.journal.get_raw(d.seqs)
@@ -690,16 +771,20 @@ class Server(Commands, Stats):
 
     def revoke(self, r: Revoke) -> None:
         consumer, _, sub = r.sub_id.partition("/")
-        self.send(bytes.fromhex(consumer), wire.encode(wire.Revoke(sub, r.seqs, r.epochs)))
+        peer = self.peers.by_label.get(consumer)  # type: ignore[attr-defined]
+        if peer is not None:
+            self.send(peer.peer_id, wire.encode(wire.Revoke(sub, r.seqs, r.epochs)))
 
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
         if self.security is not None:
             if self.reload_requested:
                 self.reload_requested = False
+                self.reread_rules()
                 self.security.reload()
-            else:
-                self.security.reload_if_changed()
+                self.recheck_sessions(now)
+            elif self.security.reload_if_changed():
+                self.recheck_sessions(now)
         self.samples.append((now, self.totals()))
         if self.metrics is not None:
             self.snapshot = self.stats(now)  # read by the metrics thread; replaced, never mutated
@@ -753,3 +838,11 @@ class Server(Commands, Stats):
         if free is not None and free < JOURNAL_FULL_BYTES or "No space" in str(exc) or "MDB_MAP_FULL" in str(exc):
             return f"journal disk full ({self.config.data}: {free if free is not None else '?'} bytes free)"
         return f"journal not writable ({exc})"
+
+
+LOCAL_ID_BYTES = 264  # an in-process session's id: longer than any ROUTER routing id (1..255 bytes)
+
+
+def local_link_id(serial: int) -> bytes:
+    return (b"\x00zq-local" + serial.to_bytes(8, "big")).ljust(LOCAL_ID_BYTES, b"\x00")
+

@@ -8,7 +8,9 @@ that arrived meanwhile still queued in it (a rebind would drop them and leave a 
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 from dataclasses import dataclass
 
 import zmq
@@ -35,9 +37,29 @@ class Router:
             self.security.close()
 
 
+def seed_routing_ids() -> bool:
+    """Seed libc's ``rand`` from the OS before a ROUTER is made.
+
+    libzmq (4.3.5, and master) names a peer that gives no routing id ``\\x00`` + a
+    32-bit counter that starts at ``rand()`` when the ROUTER is created, and never seeds
+    ``rand``: every process's first ROUTER hands out the same ids (``\\x00\\x6b\\x8b\\x45\\x67``
+    first), and a generated id is not checked against ids peers chose for themselves, so
+    a peer that takes the next ones makes libzmq abort when the next client connects.
+    Seeding makes the start unguessable (zq never shows a routing id to a client); only
+    a patched libzmq closes the rest (docs/reliability.md). Returns whether it seeded."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
+    except (OSError, AttributeError) as exc:  # no libc to load (not a glibc/musl platform)
+        log.warning("could not seed libzmq's routing ids (%s): they start at the same value after every restart", exc)
+        return False
+    return True
+
+
 def open_router(config: Config, ctx: zmq.Context) -> Router:
     """A ROUTER bound to ``config.bind``, heartbeats and frame limits set, CurveZMQ on
     with a ``[security]`` block (set before binding: it applies to every connection)."""
+    seed_routing_ids()  # before the socket: libzmq draws the first generated id when it is made
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 1000)

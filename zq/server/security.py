@@ -10,10 +10,16 @@ listed, never completes the handshake: it gets nothing, not even STATS. Each ref
 counted (STATS ``server.security.refused``) and logged. The allowlist is read again
 when the directory changes (checked every heartbeat) or on SIGHUP.
 
-ZAP hands the dispatcher the client's key as the connection's User-Id; HELLO binds the
-session to it, and every later command is checked against that key's entitlements:
+ZAP hands the dispatcher the client's key as the User-Id of every frame; HELLO binds the
+session to it, and every later frame must carry the same key: one from another key
+(a peer that took the routing id of a connection that dropped) is not handled under
+that session (answered ``no-session``, counted as ``key_mismatch``, and the session,
+whose connection is gone, ends). Every command is checked against that key's entitlements:
 topics it may publish to, queues it may consume, browse (peek, query, replay, range)
-or claim from, and operator actions it may run, each a list of glob patterns. A key
+or claim from, and operator actions it may run, each a list of glob patterns. When the
+allowlist is read again (or the rules are replaced), sessions whose key is no longer
+allowed, or whose entitlements shrank, end (``sessions_ended``): their next frame gets
+``no-session``, and a HELLO from a key no longer allowed is refused. A key
 with no ``[[security.client]]`` entry gets ``[security.default]`` (everything, unless
 narrowed), so the allowlist alone is a working setup. Settles need no entitlement: a
 connection can only settle what was leased to its own subscriptions.
@@ -53,6 +59,28 @@ class Rights(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def allows(self, kind: str, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in getattr(self, kind))
+
+    def sees(self, queue: str) -> bool:
+        """May this key see the queue in STATS / QUEUES (it may consume or browse it)?"""
+        return self.allows("consume", queue) or self.allows("browse", queue)
+
+    def covers(self, other: Rights) -> bool:
+        """Does this grant at least every pattern ``other`` grants (a rule change that
+        keeps a session's rights, or widens them, need not end it)?"""
+        for kind in KINDS:
+            mine = set(getattr(self, kind))
+            if "*" in mine:
+                continue
+            if not set(getattr(other, kind)) <= mine:
+                return False
+        return True
+
+    def everything(self, kind: str) -> bool:
+        return "*" in getattr(self, kind)
+
+
+KINDS = ("publish", "consume", "browse", "claim", "admin")
+NO_RIGHTS = Rights(publish=[], consume=[], browse=[], claim=[], admin=[])
 
 
 class ClientSection(Rights, kw_only=True):
@@ -129,6 +157,9 @@ class Security:
         self.auth = _LoggingAuthenticator(ctx)
         self.auth.start()
         self.refused = 0  # handshakes that failed: plaintext peers, unknown keys, bad CURVE
+        self.key_mismatch = 0  # frames whose key is not the one their session was opened with
+        self.sessions_ended = 0  # sessions ended by a reload: key no longer allowed, or rights shrank
+        self.hello_refused = 0  # HELLOs from a connected key that is no longer allowed
         self.monitor: zmq.Socket | None = None
         self.allow_stamp: tuple = ()
         self.reload()
@@ -162,23 +193,40 @@ class Security:
             return ()
 
     def reload(self) -> None:
-        """Read the allowlist again (also on SIGHUP)."""
+        """Read the allowlist again (also on SIGHUP). The loop then ends the sessions
+        whose key lost its rights (``Server.recheck_sessions``)."""
         self.allow_stamp = self.stamp()
         self.auth.configure_curve(domain=ZAP_DOMAIN, location=self.section.allow)
         log.info("allowlist %s: %d keys", self.section.allow, len(self.auth.certs.get(ZAP_DOMAIN, {})))
 
-    def reload_if_changed(self) -> None:
+    def reload_if_changed(self) -> bool:
         if self.stamp() != self.allow_stamp:
             self.reload()
+            return True
+        return False
+
+    def set_rules(self, section: SecuritySection) -> None:
+        """Replace the entitlements (``[security.default]`` and ``[[security.client]]``,
+        checked by ``check_section``); takes effect for open sessions at the next reload,
+        which ends those whose rights shrank."""
+        self.section = msgspec.structs.replace(self.section, default=section.default, client=section.client)
+        self.rules = {public_key_of(c.key, "security.client"): c for c in section.client}
+
+    def allowed(self, user_id: str | None) -> bool:
+        """Is this key (a ZAP User-Id: the z85 public key) in the allowlist now?"""
+        if not user_id:
+            return False
+        return user_id.encode() in self.auth.certs.get(ZAP_DOMAIN, {})
 
     def rights_of(self, user_id: str | None) -> Rights:
         if not user_id:
-            return Rights(publish=[], consume=[], browse=[], claim=[], admin=[])  # no key: nothing
+            return NO_RIGHTS  # no key: nothing
         return self.rules.get(user_id.encode(), self.section.default)
 
     def stats(self) -> dict[str, Any]:
         return {"on": True, "refused": self.refused, "allowed_keys": len(self.auth.certs.get(ZAP_DOMAIN, {})),
-                "server_key": self.public.decode()}
+                "server_key": self.public.decode(), "key_mismatch": self.key_mismatch,
+                "sessions_ended": self.sessions_ended, "hello_refused": self.hello_refused}
 
     def close(self) -> None:
         if self.monitor is not None:

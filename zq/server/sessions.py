@@ -1,10 +1,18 @@
 """A client's session in the dispatcher: who it is (``Peer``), how its subscriptions
-are named in the engine (``sub_key``: ids are per connection), and the checks on what
-a client names. Used by the loop, the command handlers and the operator actions."""
+are named in the engine (``sub_key``: ids are per session), and the checks on what
+a client names. Used by the loop, the command handlers and the operator actions.
+
+A session is named to the engine, the journal and every client (STATS, explain,
+group holders) by an opaque ``label`` drawn at random when it opens, never by its
+ROUTER routing id: a routing id is what a peer would need to take a session over
+(a client may choose its own), so it stays inside the loop (docs/reliability.md).
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from zq.core import limits
@@ -23,10 +31,60 @@ class Peer:
     replica_position: int = -1  # a standby: every record below this is synced on its disk (-1: not a standby)
     node: str = ""  # a cluster standby's node name
     prev_end: int = 0  # a cluster standby: the journal's end at its previous report (has it caught up?)
+    key: str | None = None  # with security on: the client key (ZAP User-Id) the session was opened with
+    label: str = field(default_factory=lambda: os.urandom(8).hex())  # the session's public name
 
     @property
     def consumer(self) -> str:
-        return self.peer_id.hex()
+        """The engine's (and journal's, and STATS') name for this session: its label."""
+        return self.label
+
+
+class PeerTable(dict[bytes, Peer]):
+    """Sessions by routing id, with an index by label (``by_label``): deliveries and
+    revokes name a session by its label, and find its routing id here."""
+
+    def __init__(self, peers: Iterable[tuple[bytes, Peer]] = ()) -> None:
+        super().__init__()
+        self.by_label: dict[str, Peer] = {}
+        for k, v in peers:
+            self[k] = v
+
+    def __setitem__(self, peer_id: bytes, peer: Peer) -> None:
+        old = self.get(peer_id)
+        if old is not None and old is not peer:
+            self.by_label.pop(old.label, None)
+        super().__setitem__(peer_id, peer)
+        self.by_label[peer.label] = peer
+
+    def __delitem__(self, peer_id: bytes) -> None:
+        peer = self[peer_id]
+        super().__delitem__(peer_id)
+        self.by_label.pop(peer.label, None)
+
+    def pop(self, peer_id: bytes, *default):  # type: ignore[no-untyped-def,override]
+        peer = super().pop(peer_id, *default)
+        if isinstance(peer, Peer) and self.by_label.get(peer.label) is peer:
+            del self.by_label[peer.label]
+        return peer
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_label.clear()
+
+    def popitem(self):  # type: ignore[no-untyped-def]
+        peer_id, peer = super().popitem()
+        self.by_label.pop(peer.label, None)
+        return peer_id, peer
+
+    def update(self, *args, **kw):  # type: ignore[no-untyped-def,override]
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+    def setdefault(self, peer_id, default=None):  # type: ignore[no-untyped-def,override]
+        if peer_id not in self:
+            self[peer_id] = default
+        return self[peer_id]
 
 
 def sub_key(peer: Peer, sub: str) -> str:
@@ -34,14 +92,19 @@ def sub_key(peer: Peer, sub: str) -> str:
     return f"{peer.consumer}/{sub}"
 
 
+def peer_of(peers: dict[bytes, Peer], consumer: str) -> Peer | None:
+    """The live session an engine consumer id (a session label) names, if any."""
+    by_label = getattr(peers, "by_label", None)
+    if by_label is not None:
+        return by_label.get(consumer)
+    return next((p for p in peers.values() if p.label == consumer), None)
+
+
 def holder_name(peers: dict[bytes, Peer], consumer: str | None) -> str | None:
     """The name a group's holder gave at HELLO (its consumer id if it gave none)."""
     if consumer is None:
         return None
-    try:
-        peer = peers.get(bytes.fromhex(consumer))
-    except ValueError:
-        return consumer
+    peer = peer_of(peers, consumer)
     return (peer.name or consumer) if peer is not None else consumer
 
 

@@ -2,6 +2,12 @@
 
 ``Stats`` is a mixin of ``zq.server.loop.Server``: it reads the loop's counters and the
 engine's; the attributes are declared here for the type checker.
+
+What a client is shown: with security on, a key sees the queues it may consume or
+browse, and the sessions (``peers``, standbys, the cluster's view) only with the admin
+right ``stats``; otherwise only its own session. No one is shown a routing id: a
+session is named by its label (``zq.server.sessions``). The operator's views (the
+metrics endpoint, in-process sessions, a dispatcher without security) see everything.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
 from zq.server.security import Security
-from zq.server.sessions import Peer, holder_name
+from zq.server.sessions import Peer, holder_name, peer_of
 
 if TYPE_CHECKING:
     from zq.server.leadership import LeaderDuty
@@ -44,6 +50,7 @@ class Stats:
     endpoints: list[str]
     repl_held: list[tuple[bytes, bytes, int]]
     cluster: LeaderDuty | None
+    asking: Peer | None
 
     def totals(self) -> tuple[int, int, int]:
         qs = self.engine.queues.values()
@@ -60,17 +67,23 @@ class Stats:
 
     def stats(self, now: int) -> dict:
         st = self.engine.stats()
+        viewer = self.asking if self.security is not None else None
+        rights = viewer.rights if viewer is not None else None
+        everyone = rights is None or rights.allows("admin", "stats")
+        if rights is not None:
+            st["queues"] = {name: q for name, q in st["queues"].items() if rights.sees(name)}
         for q in st["queues"].values():
             for b in q.get("group_summary", {}).get("busiest", ()):
                 b["holder"] = holder_name(self.peers, b["owner"])
             for c in q["consumers"]:
-                peer = self.peers.get(bytes.fromhex(c["consumer"]))
+                peer = peer_of(self.peers, c["consumer"])
                 c["name"] = peer.name if peer is not None else ""
                 c["heard_ms_ago"] = now - peer.last_heard_ms if peer is not None else None
+        shown = self.peers.values() if everyone else [viewer] if viewer is not None else []
         st["peers"] = [
             {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
              "subscriptions": len(p.subs), "published": p.published}
-            for p in self.peers.values()
+            for p in shown
         ]
         st["server"] = {
             "version": SERVER_NAME,
@@ -102,8 +115,8 @@ class Stats:
                               "lag_ms": self.cluster.lag_of(p.node, now) if self.cluster is not None and p.node else None,
                               "in_sync": p.node in self.cluster.isr if self.cluster is not None else None,
                               "heard_ms_ago": now - p.last_heard_ms}
-                             for p in self.peers.values() if p.replica_position >= 0],
-                "cluster": self.cluster.stats(self.peers, now) if self.cluster is not None else None,
+                             for p in shown if p.replica_position >= 0],
+                "cluster": self.cluster.stats(self.peers, now) if self.cluster is not None and everyone else None,
             },
         }
         return st

@@ -1,0 +1,364 @@
+"""Rights belong to an authenticated key, not to a routing id (issue #32 §1), over real
+sockets against an in-process dispatcher: routing ids are unpredictable and never
+shown; an in-process session's id cannot be taken by a remote peer; a frame from
+another key than its session's is not handled under that session; a reload ends the
+sessions whose key lost its rights; queue settings are checked against the creating
+key's rights; STATS and QUEUES show a key only what it may see."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+import zmq.auth
+
+import zq
+from zq import wire
+from zq.core.errors import ConnectionLost, NotEntitledError
+from zq.server.config import Config
+from zq.server.security import ClientSection, Rights, SecuritySection, check_section
+
+from .support import env, wait_until
+
+NARROW = {"publish": ["carol.*"], "consume": ["carol.*"], "browse": [], "claim": [], "admin": ["queue-create"]}
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict:
+    kdir, allowed = tmp_path / "keys", tmp_path / "allowed"
+    kdir.mkdir()
+    allowed.mkdir()
+    out = {"dir": tmp_path, "allowed": allowed}
+    for name in ("server", "alice", "mallory", "carol", "bob"):
+        pub, sec = zmq.auth.create_certificates(str(kdir), name)
+        out[name] = (Path(pub), Path(sec))
+        Path(sec).chmod(0o600)
+        if name != "server":
+            shutil.copy(pub, allowed)
+    return out
+
+
+def section(keys: dict, **rules: dict) -> SecuritySection:
+    clients = [ClientSection(key=str(keys[name][0]), name=name, **r) for name, r in rules.items()]
+    return check_section(SecuritySection(secret_key=str(keys["server"][1]), allow=str(keys["allowed"]),
+                                         client=clients), keys["dir"])
+
+
+@pytest.fixture
+def secured(keys: dict):
+    sec = section(keys, mallory={k: [] for k in NARROW}, carol=NARROW, bob={"publish": ["*"]})
+    d = zq.Dispatcher(Config(data=str(keys["dir"] / "d"), bind=["tcp://127.0.0.1:0"], security=sec,
+                             heartbeat_ms=5000)).start()
+    yield d, keys
+    d.stop()
+
+
+class Raw:
+    """A CURVE DEALER speaking ZQP/1 by hand (``routing_id``: the id it chooses)."""
+
+    def __init__(self, endpoint: str, keys: dict, name: str, routing_id: bytes | None = None) -> None:
+        pub, sec = zmq.auth.load_certificate(str(keys[name][1]))
+        server_pub, _ = zmq.auth.load_certificate(str(keys["server"][0]))
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = pub, sec, server_pub
+        if routing_id is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        self.sock.connect(endpoint)
+
+    def send(self, cmd: object) -> None:
+        self.sock.send(wire.encode(cmd))
+
+    def recv(self, timeout: float = 5.0) -> object:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.sock.poll(100):
+                msg = wire.server_decoder.decode(self.sock.recv())
+                if type(msg) is not wire.Heartbeat:
+                    return msg
+        raise TimeoutError("no answer")
+
+    def ask(self, cmd: object, timeout: float = 5.0) -> object:
+        self.send(cmd)
+        return self.recv(timeout)
+
+    def hello(self, name: str = "raw") -> object:
+        return self.ask(wire.Hello(wire.PROTOCOL_VERSION, name))
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def client(d: zq.Dispatcher, keys: dict, name: str) -> zq.Client:
+    return zq.connect(d.endpoint, key=str(keys[name][1]), server_key=str(keys["server"][0]), connect_timeout=10)
+
+
+# ------------------------------------------------------- (1) routing ids
+
+FIRST_UNSEEDED_ID = "006b8b4567"  # libzmq 4.3.5's first generated id when rand() was never seeded
+
+PROBE = """
+import sys, zmq
+from zq.server.config import Config
+from zq.server.router import open_router
+ctx = zmq.Context()
+r = open_router(Config(data=sys.argv[1], bind=["tcp://127.0.0.1:0"]), ctx)
+d = ctx.socket(zmq.DEALER); d.linger = 0; d.connect(r.endpoints[0]); d.send(b"x")
+print(r.sock.recv_multipart()[0].hex()); d.close(); r.close()
+"""
+
+
+def test_generated_routing_ids_start_somewhere_new_in_every_process(tmp_path):
+    ids = [subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / str(i))], env=env(), capture_output=True,
+                          text=True, timeout=60).stdout.strip() for i in range(2)]
+    assert all(len(i) == 10 and i.startswith("00") for i in ids), ids
+    assert FIRST_UNSEEDED_ID not in ids and ids[0] != ids[1], ids
+
+
+def test_stats_name_sessions_by_label_never_by_routing_id(secured):
+    d, keys = secured
+    rid = b"alice-chosen-id"
+    alice = Raw(d.endpoint, keys, "alice", routing_id=rid)
+    try:
+        assert type(alice.hello("alice")) is wire.Welcome
+        assert type(alice.ask(wire.Subscribe(1, "s", "jobs", 1, None, False))) is wire.Subscribed
+        st = alice.ask(wire.Stats(2))
+        text = json.dumps(msgspec.to_builtins(st.data))  # type: ignore[attr-defined]
+        assert rid.hex() not in text and rid.decode() not in text
+        labels = [p["consumer"] for p in st.data["peers"] if p["name"] == "alice"]  # type: ignore[attr-defined]
+        assert len(labels) == 1 and st.data["queues"]["jobs"]["consumers"][0]["consumer"] == labels[0]  # type: ignore[attr-defined]
+    finally:
+        alice.close()
+
+
+# --------------------------------------------------- (2) in-process links
+
+def test_a_remote_peer_cannot_take_an_in_process_session(tmp_path):
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"])).start()
+    try:
+        with zq.Worker(d, "jobs", max_backlog=4) as w, zq.Publisher(d) as p:
+            server = d.server
+            assert server is not None
+            local_ids = list(server.links)
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.linger = 0
+            for serial in range(1, 4):  # the ids local links had: b"\x00zq-local" + an 8-byte serial
+                sock.setsockopt(zmq.ROUTING_ID, b"\x00zq-local" + serial.to_bytes(8, "big"))
+                sock.connect(d.endpoint)
+                sock.send(wire.encode(wire.Bye()))
+                sock.send(wire.encode(wire.Unsubscribe(1, "0")))
+                time.sleep(0.1)
+                sock.close(0)
+                sock = zmq.Context.instance().socket(zmq.DEALER)
+                sock.linger = 0
+            sock.close(0)
+            assert local_ids and all(i in server.peers for i in local_ids)  # the sessions are untouched
+            assert all(len(i) > 255 for i in local_ids)  # no ROUTER routing id is that long
+            b = p.publish("jobs", "still mine")
+            m = w.get(timeout=5)
+            assert m is not None and m.bookmark == b
+            m.ack()
+    finally:
+        d.stop()
+
+
+# --------------------------------------------------- (3) per-frame key
+
+def test_a_frame_from_another_key_is_not_handled_under_the_session(secured):
+    d, keys = secured
+    rid = b"victim-routing-id"
+    with client(d, keys, "alice") as c:
+        c.publish("tenant-a", "alice's secret")
+    victim = Raw(d.endpoint, keys, "alice", routing_id=rid)
+    assert type(victim.hello("victim")) is wire.Welcome
+    assert type(victim.ask(wire.Subscribe(1, "s", "tenant-a", 1, None, False))) is wire.Subscribed
+    got = victim.recv()
+    assert type(got) is wire.DeliverRecords, got
+    bookmark, epoch = got.records[0].seq, got.deliveries[0]
+    victim.close()  # its connection drops; the session lives until the dead-peer timeout
+
+    attacker = Raw(d.endpoint, keys, "mallory", routing_id=rid)  # a key with no rights, the victim's id
+    try:
+        ack = attacker.ask(wire.Ack("s", [bookmark], [epoch], 7), timeout=10)
+        assert type(ack) is wire.Error and ack.code == wire.NO_SESSION, ack  # type: ignore[attr-defined]
+        purge = attacker.ask(wire.Admin(8, "purge", {"queue": "tenant-a"}))
+        assert type(purge) is wire.Error and purge.code == wire.NO_SESSION, purge  # type: ignore[attr-defined]
+        # Its own session has its own (no) rights.
+        assert type(attacker.hello("mallory")) is wire.Welcome
+        purge = attacker.ask(wire.Admin(9, "purge", {"queue": "tenant-a"}))
+        assert type(purge) is wire.Error and "may not" in purge.message, purge  # type: ignore[attr-defined]
+    finally:
+        attacker.close()
+    with client(d, keys, "alice") as c:
+        st = c.stats()
+        assert st["server"]["security"]["key_mismatch"] >= 1
+        q = st["queues"]["tenant-a"]
+        assert q["depth"] == 1 and q["acked"] == 0  # the victim's message was not acked, nor purged
+        assert not q["consumers"]  # the victim's session ended at the first foreign frame
+
+
+# ------------------------------------------------------------- (4) reload
+
+def no_session_soon(raw: Raw, req: int) -> bool:
+    answer = raw.ask(wire.Publish(req, "orders", [(b"y", {}, None)]))
+    return type(answer) is wire.Error and answer.code == wire.NO_SESSION  # type: ignore[attr-defined]
+
+
+def test_a_reload_ends_sessions_whose_key_was_removed(secured):
+    d, keys = secured
+    alice = Raw(d.endpoint, keys, "alice")
+    try:
+        assert type(alice.hello("alice")) is wire.Welcome
+        assert type(alice.ask(wire.Publish(1, "orders", [(b"x", {}, None)]))) is wire.Confirm
+        (keys["allowed"] / keys["alice"][0].name).unlink()
+        d.server.request_reload()  # type: ignore[union-attr]  (what SIGHUP does)
+        reqs = iter(range(2, 1000))
+        wait_until(lambda: no_session_soon(alice, next(reqs)), timeout=5, interval=0.1,
+                   what="the removed key's session to end")
+        refused = alice.hello("alice")  # no new session for a key no longer allowed
+        assert type(refused) is wire.Error and "no longer allowed" in refused.message, refused  # type: ignore[attr-defined]
+        assert no_session_soon(alice, 1000)
+        with client(d, keys, "bob") as c:
+            assert c.stats()["server"]["security"]["sessions_ended"] == 1
+    finally:
+        alice.close()
+
+
+def test_a_reload_ends_sessions_whose_entitlements_shrank(secured):
+    d, keys = secured
+    bob = Raw(d.endpoint, keys, "bob")
+    try:
+        assert type(bob.hello("bob")) is wire.Welcome
+        assert type(bob.ask(wire.Publish(1, "orders", [(b"x", {}, None)]))) is wire.Confirm
+        server = d.server
+        assert server is not None
+        server.security.set_rules(section(keys, mallory={k: [] for k in NARROW}, carol=NARROW,  # type: ignore[union-attr]
+                                          bob={"publish": ["jobs.*"]}))
+        server.request_reload()
+        reqs = iter(range(2, 1000))
+        wait_until(lambda: no_session_soon(bob, next(reqs)), timeout=5, interval=0.1,
+                   what="the narrowed key's session to end")
+        assert type(bob.hello("bob")) is wire.Welcome  # still allowed: a new session with the new rights
+        err = bob.ask(wire.Publish(4, "orders", [(b"z", {}, None)]))
+        assert type(err) is wire.Error and "may not" in err.message, err  # type: ignore[attr-defined]
+        assert type(bob.ask(wire.Publish(5, "jobs.x", [(b"z", {}, None)]))) is wire.Confirm
+    finally:
+        bob.close()
+
+
+def test_rights_that_grow_keep_the_session(secured):
+    d, keys = secured
+    carol = Raw(d.endpoint, keys, "carol")
+    try:
+        assert type(carol.hello("carol")) is wire.Welcome
+        wider = dict(NARROW, publish=["carol.*", "shared"])
+        d.server.security.set_rules(section(keys, carol=wider))  # type: ignore[union-attr]
+        d.server.request_reload()  # type: ignore[union-attr]
+        wait_until(lambda: d.server.next_heartbeat_ms > 0 and not d.server.reload_requested, what="the reload")  # type: ignore[union-attr]
+        assert type(carol.ask(wire.Publish(1, "shared", [(b"x", {}, None)]))) is wire.Confirm
+    finally:
+        carol.close()
+
+
+# ------------------------------------------------------- (5) queue-create
+
+@pytest.mark.parametrize(("settings", "ok"), [
+    ({"name": "carol.q1"}, True),
+    ({"name": "carol.q2", "topics": r"carol\.in\..*"}, True),
+    ({"name": "carol.q3", "topics": r"carol\.exact"}, True),
+    ({"name": "carol.q4", "topics": "^.*"}, False),
+    ({"name": "carol.q5", "topics": ".*"}, False),
+    ({"name": "carol.q6", "topics": "carol.*|B.*"}, False),
+    ({"name": "carol.q7", "topics": r"B\..*"}, False),
+    ({"name": "carol.q8", "publish_to": "B"}, False),
+    ({"name": "carol.q9", "publish_to": "carol.out"}, True),
+    ({"name": "carol.q10", "dead_letter": "B.dlq"}, False),
+    ({"name": "B.jobs"}, False),
+])
+def test_queue_settings_are_checked_against_the_creating_keys_rights(secured, settings, ok):
+    d, keys = secured
+    with client(d, keys, "carol") as c:
+        if ok:
+            assert c.create_queue(**settings)["name"] == settings["name"]
+        else:
+            with pytest.raises(NotEntitledError, match="may not"):
+                c.create_queue(**settings)
+    with client(d, keys, "alice") as c:  # a key with consume ["*"] may give any pattern
+        assert c.create_queue(name="all-of-it", topics=".*")["name"] == "all-of-it"
+
+
+# --------------------------------------------------- (6) what a key is shown
+
+def test_stats_and_queues_show_a_key_only_what_it_may_see(secured):
+    d, keys = secured
+    with client(d, keys, "alice") as a, client(d, keys, "carol") as c:
+        a.create_queue(name="B.jobs")
+        a.publish("B.jobs", "tenant B")
+        c.create_queue(name="carol.jobs")
+        with a.subscribe("B.jobs"):
+            seen_by_carol = c.stats()
+            seen_by_alice = a.stats()
+        assert "B.jobs" in seen_by_alice["queues"] and "carol.jobs" in seen_by_alice["queues"]
+        assert set(seen_by_carol["queues"]) == {"carol.jobs"}
+        assert len(seen_by_carol["peers"]) == 1  # its own session only (no admin right on stats)
+        assert len(seen_by_alice["peers"]) >= 2  # default rights: admin ["*"], stats included
+        assert [q["name"] for q in c.queues()] == ["carol.jobs"]
+        assert {"B.jobs", "carol.jobs"} <= {q["name"] for q in a.queues()}
+
+
+def test_rights_helpers():
+    narrow = Rights(**NARROW)
+    assert Rights().covers(narrow) and not narrow.covers(Rights())
+    assert narrow.covers(Rights(publish=["carol.*"], consume=[], browse=[], claim=[], admin=[]))
+
+
+def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
+    """`zq serve -c FILE`: a SIGHUP after the file narrowed a key's rights ends that key's
+    sessions, and its next session has the narrower rights; a file that no longer reads
+    changes nothing (logged)."""
+    import os
+    import signal
+
+    cfg = keys["dir"] / "zq.toml"
+
+    def write(bob_publish: list[str]) -> None:
+        cfg.write_text(f'[security]\nsecret_key = "{keys["server"][1]}"\nallow = "{keys["allowed"]}"\n\n'
+                       f'[[security.client]]\nkey = "{keys["bob"][0]}"\npublish = {json.dumps(bob_publish)}\n'
+                       'consume = ["*"]\nbrowse = ["*"]\nadmin = ["stats"]\n')
+
+    write(["*"])
+    endpoint = f"ipc://{keys['dir']}/zq.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "zq.cli", "serve", "--config", str(cfg), "--data",
+                             str(keys["dir"] / "journal"), "--bind", endpoint], env=env(), stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        with zq.connect(endpoint, key=str(keys["bob"][1]), server_key=str(keys["server"][0])) as c:
+            assert c.publish("jobs", b"first") > 0
+            cfg.write_text("not toml at all [")  # a broken file: the rules stay
+            os.kill(proc.pid, signal.SIGHUP)
+            assert c.publish("jobs", b"second", timeout=10) > 0
+            write(["other.*"])
+            os.kill(proc.pid, signal.SIGHUP)
+            def narrowed() -> bool:
+                try:
+                    c.publish("jobs", b"third", timeout=10)
+                except NotEntitledError:
+                    return True
+                except ConnectionLost:  # (the reload ended the session under this request)
+                    pass
+                return False
+
+            wait_until(narrowed, timeout=20, interval=0.1, what="bob's publish to jobs refused after the reload")
+            assert c.stats()["server"]["security"]["sessions_ended"] >= 1
+            assert c.publish("other.x", b"fine", timeout=10) > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err and "the entitlements stay as they were" in err, err[-2000:]
