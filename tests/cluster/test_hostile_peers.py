@@ -284,6 +284,9 @@ def test_malformed_frames_at_a_hand_started_standbys_endpoint_leave_it_answering
         assert_answers_not_leader(bind, leader.endpoint)
     finally:
         follower.terminate()
-        _, err = follower.communicate(timeout=20)
+        try:
+            _, err = follower.communicate(timeout=20)
+        finally:
+            leader_err = leader.terminate()  # stopped whatever the follower said
         assert "Traceback" not in err, err
-        assert "Traceback" not in leader.terminate()
+        assert "Traceback" not in leader_err
