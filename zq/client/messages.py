@@ -254,7 +254,10 @@ class Subscription(MessageStream):
         self.unstarted = Unstarted(reclaimable == "explicit") if reclaimable else None
         self.backlog = 0  # granted by the server
         self.group_header: str | None = "group"  # the queue's, from SUBSCRIBED (what Message.group reads)
-        self.inbox: queue_mod.SimpleQueue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.SimpleQueue()
+        # A queue.Queue, not a SimpleQueue: CPython's SimpleQueue.get(timeout) waits for good
+        # when a signal handler runs past its deadline (it then waits a negative time, which
+        # means forever); a SIGTERMed consumer hung in get() there. Queue's lock wait does not.
+        self.inbox: queue_mod.Queue[tuple[int, list[tuple[R.Message, int]]] | None] = queue_mod.Queue()
         self.local: collections.deque[Message] = collections.deque()
         # op, bookmark, generation, place in the client's order of calls (``Client._order``), epoch
         self.settle: collections.deque[tuple[str, int, int, int, int]] = collections.deque()
