@@ -294,6 +294,49 @@ def test_queue_settings_are_checked_against_the_creating_keys_rights(secured, se
         assert c.create_queue(name="all-of-it", topics=".*")["name"] == "all-of-it"
 
 
+# ------------------------------------ (5b) operator actions reach only the key's queues
+
+OPERATOR = {"publish": ["carol.*"], "consume": ["carol.*"], "browse": ["carol.*"], "claim": [], "admin": ["*"]}
+
+
+@pytest.mark.parametrize(("op", "args", "ok"), [
+    ("purge", {"queue": "B.jobs"}, False),
+    ("purge", {"queue": "carol.jobs"}, True),
+    ("ack-filter", {"queue": "B.jobs", "filter": "TRUE"}, False),
+    ("move", {"queue": "B.jobs", "to": "carol.jobs"}, False),
+    ("move", {"queue": "carol.jobs", "to": "B.jobs"}, False),
+    ("move", {"queue": "carol.jobs", "to": "carol.other"}, True),
+    ("redrive", {"queue": "B.jobs"}, False),
+    ("redrive", {"queue": "carol.jobs"}, False),  # (to each dead letter's own topic: needs publish ["*"])
+    ("groups", {"queue": "B.jobs"}, False),
+    ("groups", {"queue": "carol.jobs"}, True),
+    ("explain", {"queue": "B.jobs", "bookmark": 1}, False),
+    ("explain", {"queue": "carol.jobs", "bookmark": 1, "topic": "B.jobs", "msg_id": "x"}, False),
+    ("queue-delete", {"name": "B.jobs"}, False),
+])
+def test_operator_actions_are_checked_against_the_keys_queue_rights(keys, op, args, ok):
+    """A key allowed every operation by name (admin ["*"]) but only carol.* queues may
+    not purge, move, read or delete another tenant's."""
+    sec = section(keys, carol=OPERATOR)
+    d = zq.Dispatcher(Config(data=str(keys["dir"] / "d"), bind=["tcp://127.0.0.1:0"], security=sec,
+                             heartbeat_ms=5000)).start()
+    try:
+        with client(d, keys, "alice") as a, client(d, keys, "carol") as c:
+            for name in ("B.jobs", "carol.jobs", "carol.other"):
+                a.create_queue(name=name)
+            a.publish("B.jobs", "tenant B's", headers={"group": "g"})
+            if ok:
+                c.admin(op, **args)
+            else:
+                with pytest.raises(NotEntitledError, match="may not|needs publish"):
+                    c.admin(op, **args)
+                assert a.admin("purge", queue="B.jobs", filter="FALSE") == 0  # alice's own still work
+                assert {q["name"] for q in a.queues()} >= {"B.jobs"}
+                assert a.stats()["queues"]["B.jobs"]["depth"] == 1  # nothing of B's was touched
+    finally:
+        d.stop()
+
+
 # --------------------------------------------------- (6) what a key is shown
 
 def test_stats_and_queues_show_a_key_only_what_it_may_see(secured):

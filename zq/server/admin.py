@@ -336,6 +336,37 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
 }
 
 
+# What an operation touches, as the rights a key needs besides the operation's name in
+# its ``admin`` globs: (kind, argument field). Reading or changing a queue's messages
+# needs what reading or consuming them would need; writing into a queue, what
+# publishing there would.
+QUEUE_RIGHTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "replace": (("consume", "queue"),),
+    "ack-filter": (("consume", "queue"),),
+    "purge": (("consume", "queue"),),
+    "move": (("consume", "queue"), ("publish", "to")),
+    "redrive": (("consume", "queue"),),
+    "groups": (("browse", "queue"),),
+    "queue-delete": (("consume", "name"),),
+    "explain": (("browse", "queue"),),
+}
+
+
+def check_op_rights(rights: Rights, op: str, a: Any) -> None:
+    """With security on: may this key do ``op`` to what it names? An admin right is
+    the right to run the operation, not to reach every tenant's queues with it."""
+    for kind, field_name in QUEUE_RIGHTS.get(op, ()):
+        name = getattr(a, field_name)
+        if not rights.allows(kind, name):
+            raise NotEntitledError(f"{op}: this client's key may not {kind} {name[:80]!r}")
+    if op == "explain" and a.topic is not None and not rights.allows("browse", a.topic):
+        raise NotEntitledError(f"explain: this client's key may not browse {a.topic[:80]!r}")
+    if op == "redrive" and not rights.everything("publish"):
+        # (each dead letter goes back to the topic it came from, which only the journal knows)
+        raise NotEntitledError("redrive: publishes each dead letter to its original topic, so it needs "
+                               "publish [\"*\"]; this client's key has narrower publish entitlements")
+
+
 def run(server: AdminHost, peer: Peer, op: str, args: dict, now: int) -> Any:
     spec = OPERATIONS.get(op)
     if spec is None:
@@ -345,4 +376,6 @@ def run(server: AdminHost, peer: Peer, op: str, args: dict, now: int) -> Any:
         parsed: Any = msgspec.convert(args, type=kind)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"{op}: {exc}") from None
+    if peer.rights is not None:  # with security on, a remote key
+        check_op_rights(peer.rights, op, parsed)
     return fn(server, peer, parsed, now)
