@@ -31,6 +31,7 @@ from zq.core.manage import BulkCursor
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server import admin
 from zq.server.config import NODE_NAME_RE, Config
+from zq.server.held import HeldConfirmations
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.security import Rights, Security
@@ -88,8 +89,7 @@ class Commands:
     replayer: Replayer
     ranges: RangeReader
     claims: dict[str, tuple[bytes, int, int]]
-    flow_held: list[tuple[bytes, bytes, list[str]]]
-    repl_held: list[tuple[bytes, bytes, int]]
+    confirmations: HeldConfirmations
     bounds_waiting: list[tuple[bytes, int, int, int, int]]
     bulk_actions: collections.deque[BulkAction]
     journal_down: str | None
@@ -154,6 +154,7 @@ class Commands:
             raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
+        self.confirmations.check_room(peer_id)
         not_before = cmd.not_before_ms
         if cmd.delay_ms:
             if not 0 < cmd.delay_ms <= limits.DURATION_MS_MAX:
@@ -163,7 +164,7 @@ class Commands:
         peer.published += len(bookmarks)
         full = self.engine.withheld(cmd.topic)
         if full:  # flow-control: the confirmation waits until those queues drain
-            self.flow_held.append((peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full))
+            self.confirmations.hold_flow(peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), full)
             return
         if self.config.replicas_ack or self.cluster is not None and self.cluster.handing_over:  # replicated: it waits for the standbys too
             self.hold_for_replicas(peer_id, wire.encode(wire.Confirm(cmd.req, bookmarks)), bookmarks)

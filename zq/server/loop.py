@@ -39,6 +39,7 @@ from zq.journal.integrity import JournalDamaged
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.journal.salvage import recover
 from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
+from zq.server.held import HeldConfirmations
 from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
@@ -138,11 +139,10 @@ class Server(Commands, Stats):
         self.journal_retry_ms = 0
         self.journal_failures = 0
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
-        self.flow_held: list[tuple[bytes, bytes, list[str]]] = []  # confirmations waiting on full queues
-        # Replicated confirmations ([cluster] replicas_ack): CONFIRM frames waiting until that
-        # many standbys have synced past their last bookmark; and standbys' BOUNDS waiting
-        # for the journal to grow (peer, req, after, due ms).
-        self.repl_held: list[tuple[bytes, bytes, int]] = []
+        # Confirmations held back: on full queues (flow control), and with replicas_ack until
+        # that many standbys have synced past their last bookmark (zq.server.held).
+        self.confirmations = HeldConfirmations()
+        # Standbys' BOUNDS waiting for the journal to grow (peer, req, after, due ms).
         self.bounds_waiting: list[tuple[bytes, int, int, int, int]] = []  # ... and the tables' version then
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
@@ -337,7 +337,7 @@ class Server(Commands, Stats):
             self.answer_bounds(now)
         if self.cluster is not None:
             self.cluster.tick(self.peers, now, self.engine.next_seq)
-        if self.repl_held:
+        if self.confirmations.replicated:
             self.release_replicated()
         if self.journal_down is None:
             self.replayer.pump(self.send)
@@ -409,7 +409,7 @@ class Server(Commands, Stats):
                 self.commit_and_send(now)
             if self.bounds_waiting:  # a standby waiting for this commit (its answer goes by the outbox)
                 self.answer_bounds(now)
-            if self.repl_held:
+            if self.confirmations.replicated:
                 self.release_replicated()
         finally:
             self.stepping_locally = False
@@ -464,7 +464,7 @@ class Server(Commands, Stats):
         for held, deliveries in deferred:
             for peer_id, frame, _ in held:
                 self.send(peer_id, frame)
-            if self.flow_held:
+            if self.confirmations.flow:
                 self.release_flow_held()
             for d in deliveries:
                 if type(d) is Revoke:
@@ -617,13 +617,7 @@ class Server(Commands, Stats):
     def release_flow_held(self) -> None:
         """Send confirmations whose queues are no longer over their limits."""
         queues = self.engine.queues
-        still = []
-        for peer_id, frame, names in self.flow_held:
-            if any(n in queues and queues[n].blocked for n in names):
-                still.append((peer_id, frame, names))
-            else:
-                self.confirm(peer_id, frame)
-        self.flow_held = still
+        self.confirmations.release_flow(lambda n: n in queues and queues[n].blocked, self.confirm)
 
     # -------------------------------------------------- replicated confirmations
 
@@ -637,7 +631,7 @@ class Server(Commands, Stats):
 
     def hold_for_replicas(self, peer_id: bytes, frame: bytes, bookmarks: list[int]) -> None:
         """Hold a CONFIRM until the standbys have passed its last bookmark."""
-        self.repl_held.append((peer_id, frame, max(bookmarks, default=0) + 1))
+        self.confirmations.hold_replicated(peer_id, frame, max(bookmarks, default=0) + 1)
 
     def replicated_upto(self) -> int:
         """Every record below this is synced on ``replicas_ack`` standbys (0: too few)."""
@@ -648,19 +642,10 @@ class Server(Commands, Stats):
         return positions[k - 1] if len(positions) >= k else 0
 
     def release_replicated(self) -> None:
-        """Send the held confirmations the standbys have passed. Every held one is looked
-        at each time (they are few: the publishers' windows): one may be held already
-        passed, a duplicate's (its bookmarks are old) or one a full queue held back."""
+        """Send the held confirmations the standbys have passed (only those are looked at)."""
         if self.cluster is not None and not self.cluster.serving():
             return
-        upto = self.replicated_upto()
-        still = []
-        for peer_id, frame, needs in self.repl_held:
-            if needs <= upto:
-                self.send(peer_id, frame)
-            else:
-                still.append((peer_id, frame, needs))
-        self.repl_held = still
+        self.confirmations.release_replicated(self.replicated_upto(), self.send)
 
     def answer_bounds(self, now: int) -> None:
         """Standbys waiting for the journal to grow: answer those it passed (committed by
@@ -804,6 +789,7 @@ class Server(Commands, Stats):
             for sub in peer.subs:
                 self.claims.pop(sub_key(peer, sub), None)
             self.replayer.drop_peer(peer_id)
+            self.confirmations.drop_peer(peer_id)
             if self.snapshots.open:
                 self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)

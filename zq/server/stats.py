@@ -19,6 +19,7 @@ from zq.core.engine import Engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
+from zq.server.held import HeldConfirmations
 from zq.server.security import Security
 from zq.server.sessions import Peer, holder_name, peer_of
 
@@ -48,7 +49,7 @@ class Stats:
     journal_down_since: int
     journal_failures: int
     endpoints: list[str]
-    repl_held: list[tuple[bytes, bytes, int]]
+    confirmations: HeldConfirmations
     cluster: LeaderDuty | None
     asking: Peer | None
 
@@ -109,7 +110,8 @@ class Stats:
             "endpoints": self.endpoints,
             "rates": self.rates(now),
             "replication": {
-                "replicas_ack": self.config.replicas_ack, "held_confirmations": len(self.repl_held),
+                "replicas_ack": self.config.replicas_ack, "held_confirmations": len(self.confirmations.replicated),
+                "flow_held_confirmations": self.confirmations.flow_count,
                 "standbys": [{"name": p.name, "node": p.node, "position": p.replica_position,
                               "lag_records": max(0, self.engine.next_seq - p.replica_position),
                               "lag_ms": self.cluster.lag_of(p.node, now) if self.cluster is not None and p.node else None,
