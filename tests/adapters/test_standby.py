@@ -468,3 +468,47 @@ def test_a_cluster_standby_keeps_clients_frames_while_no_leader_is_known_and_bou
         router.close()
     finally:
         raw.close(0)
+
+
+def test_snapshots_dropped_while_copying_still_count_until_their_files_are_gone(tmp_path):
+    """"At most 2 snapshots at once" once counted only open ones: ending the session
+    dropped a snapshot whose copy went on, so begin / leave / begin left 12 copies on
+    disk at once. A dropped copy counts until its thread has removed its files. (The
+    copy waits on a gate here: LMDB's own env.copy, held until the test lets it go.)"""
+    import threading
+
+    from zq.core.errors import LimitError
+    from zq.server.snapshots import SNAPSHOTS_MAX, Snapshots
+
+    journal = LmdbJournal(str(tmp_path / "j"))
+    gate = threading.Event()
+    real_env = journal.env
+
+    class GatedEnv:  # LMDB's environment, its copy held at the gate
+        def copy(self, path: str, compact: bool = False) -> None:
+            assert gate.wait(20), "the test never opened the gate"
+            real_env.copy(path, compact=compact)
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(real_env, name)
+
+    journal.env = GatedEnv()  # type: ignore[assignment]
+    snaps = Snapshots(journal)
+    try:
+        started = [snaps.begin(b"peer%d" % i, 0) for i in range(SNAPSHOTS_MAX)]
+        for i in range(SNAPSHOTS_MAX):
+            snaps.drop_peer(b"peer%d" % i)  # the session ended; the copy goes on
+        assert not snaps.open
+        with pytest.raises(LimitError, match="on disk"):
+            snaps.begin(b"again", 0)
+        gate.set()
+        for s in started:
+            assert s.thread is not None
+            s.thread.join(20)
+        assert not snaps.on_disk and not any(Path(snaps.dir).iterdir())
+        assert snaps.begin(b"again", 0).id == SNAPSHOTS_MAX + 1  # room again once the files are gone
+    finally:
+        gate.set()
+        journal.env = real_env  # type: ignore[assignment]
+        snaps.close()
+        journal.close()

@@ -24,7 +24,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 
 log = logging.getLogger("zq.server")
 
-SNAPSHOTS_MAX = 2  # at once: each is a whole copy of the journal on the leader's disk
+SNAPSHOTS_MAX = 2  # copies on the leader's disk at once (each a whole journal), a dropped one still copying too
 SNAPSHOT_TTL_MS = 600_000  # an abandoned one is deleted after this long
 CHUNK_BYTES_MAX = 4 << 20  # one snapshot-read answer
 
@@ -47,14 +47,20 @@ class Snapshots:
         self.journal = journal
         self.dir = os.path.join(journal.path, "snapshots")
         self.open: dict[int, Snapshot] = {}
+        # Ids whose copy is on disk: a snapshot dropped while copying stays here until its
+        # thread removes its files, so ending sessions cannot pile copies up (once: 12 at once).
+        self.on_disk: set[int] = set()
         self.serial = 0
         self.lock = threading.Lock()  # a copy finishing and its snapshot being dropped
         shutil.rmtree(self.dir, ignore_errors=True)  # left by a dispatcher that died copying
 
     def begin(self, peer_id: bytes, now: int) -> Snapshot:
-        if len(self.open) >= SNAPSHOTS_MAX:
-            raise LimitError(f"at most {SNAPSHOTS_MAX} journal snapshots at once: try again later")
-        self.serial += 1
+        with self.lock:
+            if len(self.on_disk) >= SNAPSHOTS_MAX:
+                raise LimitError(f"at most {SNAPSHOTS_MAX} journal snapshots on disk at once (counting copies "
+                                 "still being removed): try again later")
+            self.serial += 1
+            self.on_disk.add(self.serial)
         path = os.path.join(self.dir, str(self.serial))
         os.makedirs(path, mode=0o700, exist_ok=True)
         snap = Snapshot(self.serial, peer_id, path, now, next_seq=self.journal.next_seq())
@@ -75,6 +81,7 @@ class Snapshots:
         with self.lock:
             if snap.id not in self.open:  # dropped while copying
                 shutil.rmtree(snap.path, ignore_errors=True)
+                self.on_disk.discard(snap.id)
             elif size >= 0:
                 snap.size, snap.ready = size, True
 
@@ -102,6 +109,7 @@ class Snapshots:
             snap = self.open.pop(sid, None)
             if snap is not None and (snap.ready or snap.error):  # (a copy under way removes its own files)
                 shutil.rmtree(snap.path, ignore_errors=True)
+                self.on_disk.discard(snap.id)
 
     def drop_peer(self, peer_id: bytes) -> None:
         for sid in [s.id for s in self.open.values() if s.peer_id == peer_id]:
