@@ -405,3 +405,66 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err and "the entitlements stay as they were" in err, err[-2000:]
+
+
+# ------------------------------------------------------------ (7) quotas per key
+
+def test_one_key_holds_only_its_share_of_sessions_subscriptions_and_queues(keys):
+    """Per-key quotas (#32 §3): a key within its rights cannot take every session,
+    subscription or new queue from the other keys; what it is refused is not applied."""
+    sec = section(keys, carol={"max_sessions": 2, "max_subscriptions": 3, "max_queues": 3})
+    d = zq.Dispatcher(Config(data=str(keys["dir"] / "d"), bind=["tcp://127.0.0.1:0"], security=sec,
+                             heartbeat_ms=5000)).start()
+    raws: list[Raw] = []
+    try:
+        for _ in range(2):
+            raws.append(Raw(d.endpoint, keys, "carol"))
+            assert type(raws[-1].hello()) is wire.Welcome
+        third = Raw(d.endpoint, keys, "carol")
+        raws.append(third)
+        refused = third.hello()
+        assert type(refused) is wire.Error and refused.code == "limit" and "max_sessions" in refused.message
+        with client(d, keys, "alice") as a:  # another key is not held up
+            assert a.stats()["server"]["security"]["quotas"]["refused"] == 1
+            first, second = raws[0], raws[1]
+            for i, r in enumerate((first, first, second)):  # (the first creates carol.jobs: 1 of 3 queues)
+                got = r.ask(wire.Subscribe(10 + i, f"s{i}", "carol.jobs", 1))
+                assert type(got) is wire.Subscribed, got
+            over = second.ask(wire.Subscribe(20, "s9", "carol.jobs", 1))
+            assert type(over) is wire.Error and over.code == "limit" and "max_subscriptions" in over.message
+            with a.subscribe("carol.jobs"):
+                pass
+            for topic in ("carol.a", "carol.b"):
+                assert type(first.ask(wire.Publish(30, topic, [(b"x", {}, None)]))) is wire.Confirm
+            over = first.ask(wire.Publish(31, "carol.c", [(b"lost?", {}, None)]))
+            assert type(over) is wire.Error and over.code == "limit" and "max_queues" in over.message
+            assert "carol.c" not in a.stats()["queues"]  # refused before anything was stored
+            assert type(first.ask(wire.Publish(32, "carol.a", [(b"y", {}, None)]))) is wire.Confirm  # its own: fine
+            assert type(first.ask(wire.Unsubscribe(35, "s0"))) is wire.Reply  # room for one subscription
+            over = first.ask(wire.Subscribe(34, "s8", "carol.new", 1))  # (a subscription creates its queue)
+            assert type(over) is wire.Error and over.code == "limit" and "max_queues" in over.message
+            over = first.ask(wire.Admin(33, "queue-create", {"name": "carol.d"}))
+            assert type(over) is wire.Error and over.code == "limit"
+            assert a.publish("alice.new", b"fine") > 0  # another key still makes new topics
+            first.send(wire.Bye())
+            wait_until(lambda: len(a.stats()["peers"]) == 2, what="carol's first session gone")
+            assert type(third.hello()) is wire.Welcome  # a session freed: room again
+    finally:
+        for r in raws:
+            r.close()
+        d.stop()
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "2000000", "18446744073709551616", '"10"', "1.5", "true"])
+@pytest.mark.parametrize("quota", ["max_sessions", "max_subscriptions", "max_queues"])
+def test_quota_settings_are_checked(keys, quota, bad):
+    import tomllib
+
+    from zq.core.errors import ConfigError
+
+    text = (f'[security]\nsecret_key = "{keys["server"][1]}"\nallow = "{keys["allowed"]}"\n'
+            f'[security.default]\n{quota} = {bad}\n')
+    with pytest.raises(ConfigError, match=quota if bad in ("0", "-1", "2000000") else "."):
+        Config.from_dict(tomllib.loads(text))
+    ok = Config.from_dict(tomllib.loads(text.replace(f"{quota} = {bad}", f"{quota} = 5")))
+    assert getattr(ok.security.default, quota) == 5  # type: ignore[union-attr]

@@ -26,6 +26,11 @@ SUBSCRIPTIONS_MAX = 100_000
 CONNECTIONS_DEFAULT = 10_000  # configurable: server.max_connections (sessions at once)
 CONNECTIONS_MAX = 1_000_000
 SUBSCRIPTIONS_PER_CONNECTION_DEFAULT = 1_000  # configurable: server.max_subscriptions_per_connection
+# Per client key, with [security] (configurable per key: max_sessions, max_subscriptions,
+# max_queues): one key cannot take all of what every key shares.
+KEY_SESSIONS_DEFAULT = 1_000  # of CONNECTIONS_DEFAULT
+KEY_SUBSCRIPTIONS_DEFAULT = 10_000  # of SUBSCRIPTIONS_MAX
+KEY_QUEUES_DEFAULT = 1_000  # of QUEUES_MAX
 DELIVERIES_MAX = 0xFFFF  # delivery and cancel counters are packed into 16 bits
 PUBLISH_BATCH_MAX = 4096  # messages in one publish frame
 FRAME_BYTES_MAX = 64 * 1024 * 1024  # transport cap: bigger frames close the connection (libzmq)
@@ -41,6 +46,8 @@ BULK_COPY_SLICE = 2_000  # messages a move or redrive copies per loop iteration 
 BULK_ACTIONS_MAX = 16  # bulk operator actions running at once
 
 assert BACKLOG_MAX <= ACK_BATCH_MAX
+assert KEY_SESSIONS_DEFAULT < CONNECTIONS_DEFAULT and KEY_SUBSCRIPTIONS_DEFAULT < SUBSCRIPTIONS_MAX
+assert KEY_QUEUES_DEFAULT < QUEUES_MAX
 assert len(b"rp:") + TOPIC_BYTES_MAX + len(b".dead") <= 511  # LMDB's largest key
 assert MESSAGE_BYTES_MAX < FRAME_BYTES_MAX // 2  # an oversized message still gets an error reply
 assert DELIVERIES_MAX < 1 << 16

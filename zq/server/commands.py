@@ -15,6 +15,7 @@ loop's, declared here for the type checker; this module does not import the loop
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.server import admin
 from zq.server.config import NODE_NAME_RE, Config
 from zq.server.held import HeldConfirmations
+from zq.server.quotas import KeyQuotas
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.security import Rights, Security
@@ -85,10 +87,13 @@ class Commands:
     peers: dict[bytes, Peer]
     security: Security | None
     pending_rights: Rights | None
+    pending_key: str | None
+    quotas: KeyQuotas
     asking: Peer | None  # the remote session whose frame is being handled (what it may be shown)
     replayer: Replayer
     ranges: RangeReader
     claims: dict[str, tuple[bytes, int, int]]
+    claim_dues: list[tuple[int, str, int]]
     confirmations: HeldConfirmations
     bounds_waiting: list[tuple[bytes, int, int, int, int]]
     bulk_actions: collections.deque[BulkAction]
@@ -117,6 +122,7 @@ class Commands:
         if t is wire.Hello:  # a second HELLO on a connection keeps the key it has
             known = peer.rights if peer is not None and user is None else None
             self.pending_rights = known or self.security.rights_of(user)
+            self.pending_key = user or (peer.key if peer is not None else None)
             return
         rights = peer.rights if peer is not None else None
         if rights is None:
@@ -135,9 +141,13 @@ class Commands:
             self.drop_peer(peer_id, now)  # a second HELLO restarts the session
         elif len(self.peers) >= self.config.max_connections:
             raise LimitError(f"too many connections (server.max_connections = {self.config.max_connections})")
+        key, rights = self.pending_key, self.pending_rights  # (a remote key's, with security on; else None)
+        if key is not None and rights is not None:
+            self.quotas.check_session(key, rights)
         fresh = self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
-        if self.security is not None:
-            fresh.rights = self.pending_rights
+        if key is not None and rights is not None:
+            fresh.rights, fresh.key = rights, key
+            self.quotas.opened(key, peer_id)
         self.reply(peer_id, wire.Welcome(wire.PROTOCOL_VERSION, SERVER_NAME, self.config.heartbeat_ms,
                                          self.config.max_message_bytes, self.epoch))
 
@@ -155,6 +165,8 @@ class Commands:
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
         self.confirmations.check_room(peer_id)
+        if peer.key is not None and not self.engine.route(cmd.topic) and cmd.topic not in self.engine.queues:
+            self.quotas.check_new_queue(peer)  # (this publish would create a queue)
         not_before = cmd.not_before_ms
         if cmd.delay_ms:
             if not 0 < cmd.delay_ms <= limits.DURATION_MS_MAX:
@@ -177,12 +189,20 @@ class Commands:
         if len(peer.subs) >= self.config.max_subscriptions_per_connection:
             raise LimitError("too many subscriptions on this connection "
                              f"(server.max_subscriptions_per_connection = {self.config.max_subscriptions_per_connection})")
+        self.quotas.check_subscription(peer, self.peers)
+
+    def check_queue_room(self, peer: Peer, queue: str) -> None:
+        """A keyed session naming a queue that does not exist yet (a subscription or
+        claim creates it): within its key's max_queues?"""
+        if peer.key is not None and queue not in self.engine.queues:
+            self.quotas.check_new_queue(peer)
 
     def on_subscribe(self, peer_id: bytes, peer: Peer, cmd: wire.Subscribe, now: int) -> None:
         check_sub_id(cmd.sub)
         self.check_room(peer)
         if cmd.sub in peer.subs:
             raise ProtocolError(f"subscription {cmd.sub!r} already open on this connection")
+        self.check_queue_room(peer, cmd.queue)
         backlog = self.engine.subscribe(sub_key(peer, cmd.sub), cmd.queue, peer.consumer, cmd.max_backlog, now,
                                         filter=cmd.filter, consumer_name=peer.name, reclaimable=cmd.reclaimable)
         peer.subs.add(cmd.sub)
@@ -208,18 +228,37 @@ class Commands:
         if key in self.claims:
             raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
         wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
+        self.check_queue_room(peer, cmd.queue)
         self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
                           destructive=cmd.destructive, filter=cmd.filter, consumer_name=peer.name)
         peer.subs.add(cmd.sub)
         self.claims[key] = (peer_id, cmd.req, now + wait_ms)
+        heapq.heappush(self.claim_dues, (now + wait_ms, key, cmd.req))
 
     def end_due_claims(self, now: int) -> None:
-        """Claims whose wait ran out answer with nothing."""
-        for key, (peer_id, req, due) in list(self.claims.items()):
-            if due <= now:
-                del self.claims[key]
-                self.engine.end_claim(key)
-                self.send(peer_id, wire.encode(wire.Reply(req, {"count": 0})))
+        """Claims whose wait ran out answer with nothing. Only those are looked at (a
+        heap by deadline; an entry of a claim answered or gone meanwhile is skipped):
+        100,000 open long polls once cost every iteration a scan of them all."""
+        dues, claims = self.claim_dues, self.claims
+        while dues and dues[0][0] <= now:
+            due, key, req = heapq.heappop(dues)
+            open_claim = claims.get(key)
+            if open_claim is None or open_claim[1] != req or open_claim[2] != due:
+                continue  # answered, dropped, or a later claim of the same name
+            del claims[key]
+            self.engine.end_claim(key)
+            self.send(open_claim[0], wire.encode(wire.Reply(req, {"count": 0})))
+
+    def next_claim_due(self) -> int | None:
+        """The earliest deadline of an open claim (stale heap entries are cleared here)."""
+        dues, claims = self.claim_dues, self.claims
+        while dues:
+            due, key, req = dues[0]
+            open_claim = claims.get(key)
+            if open_claim is not None and open_claim[1] == req and open_claim[2] == due:
+                return due
+            heapq.heappop(dues)
+        return None
 
     # ------------------------------------------------------------- settling
 
@@ -372,6 +411,8 @@ class Commands:
     # ------------------------------------------------------------ operators
 
     def on_admin(self, peer_id: bytes, peer: Peer, cmd: wire.Admin, now: int) -> None:
+        if peer.key is not None and cmd.op in ("queue-create", "move"):
+            self.quotas.check_new_queue(peer)  # (may create a queue; a move only when its target is new: checked anyway)
         result = admin.run(self, peer, cmd.op, cmd.args, now)
         if type(result) is admin.Bulk:
             self.start_bulk(peer_id, cmd.req, result, now)

@@ -40,6 +40,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.journal.salvage import recover
 from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.held import HeldConfirmations
+from zq.server.quotas import KeyQuotas
 from zq.server.local import LinkClosedError, LocalLink
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
@@ -139,6 +140,7 @@ class Server(Commands, Stats):
         self.journal_retry_ms = 0
         self.journal_failures = 0
         self.claims: dict[str, tuple[bytes, int, int]] = {}  # open claim: engine sub -> peer, req, deadline
+        self.claim_dues: list[tuple[int, str, int]] = []  # heap: (deadline, engine sub, req), stale ones skipped
         # Confirmations held back: on full queues (flow control), and with replicas_ack until
         # that many standbys have synced past their last bookmark (zq.server.held).
         self.confirmations = HeldConfirmations()
@@ -164,6 +166,8 @@ class Server(Commands, Stats):
         # Bulk operator actions under way: one slice of one of them per iteration.
         self.bulk_actions: collections.deque[BulkAction] = collections.deque()
         self.pending_rights: Rights | None = None  # the key's rights, from the HELLO frame being handled
+        self.pending_key: str | None = None  # ... and the key (None: no key, an in-process link)
+        self.quotas = KeyQuotas()  # what one key may hold of what all share
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -259,8 +263,9 @@ class Server(Commands, Stats):
         d = self.engine.next_deadline_ms()
         if d is not None:
             deadline = min(deadline, d)
-        for _, _, due in self.claims.values():
-            deadline = min(deadline, due)
+        claim_due = self.next_claim_due() if self.claims else None
+        if claim_due is not None:
+            deadline = min(deadline, claim_due)
         for _, _, _, due, _ in self.bounds_waiting:
             deadline = min(deadline, due)
         if self.journal_down is not None:
@@ -333,6 +338,8 @@ class Server(Commands, Stats):
         t5 = clock()
         if self.claims:
             self.end_due_claims(now)
+        elif self.claim_dues:
+            self.claim_dues.clear()  # (all stale: answered before their deadline)
         if self.bounds_waiting:
             self.answer_bounds(now)
         if self.cluster is not None:
@@ -556,11 +563,14 @@ class Server(Commands, Stats):
                     raise NotEntitledError("this client's key is no longer allowed")
                 self.entitled(peer, cmd, user)
                 self.asking = peer
+            queues_before = len(self.engine.queues)
             HANDLERS[type(cmd)](self, peer_id, peer, cmd, now)
             if secured and type(cmd) is wire.Hello:
                 fresh = self.peers.get(peer_id)
                 if fresh is not None:
                     fresh.key = user  # the session's key: every later frame must carry it
+            elif peer is not None and peer.key is not None and len(self.engine.queues) > queues_before:
+                self.quotas.created(peer, len(self.engine.queues) - queues_before)
         except ZqError as exc:
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
         except Exception as exc:  # noqa: BLE001 -- the safety net: one peer's frame never ends the dispatcher
@@ -570,6 +580,7 @@ class Server(Commands, Stats):
                                            f"internal error ({type(exc).__name__}); the dispatcher goes on"))
         finally:
             self.asking = None
+            self.pending_rights = self.pending_key = None  # (a HELLO's, this frame's only)
         self.note_time(type(cmd).__name__, (time.perf_counter() - started) * 1000, peer_id)
 
     def key_mismatch(self, peer_id: bytes, peer: Peer, user: str | None, now: int) -> None:
@@ -790,6 +801,8 @@ class Server(Commands, Stats):
                 self.claims.pop(sub_key(peer, sub), None)
             self.replayer.drop_peer(peer_id)
             self.confirmations.drop_peer(peer_id)
+            if peer.key is not None:
+                self.quotas.closed(peer.key, peer_id)
             if self.snapshots.open:
                 self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)

@@ -39,6 +39,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
+from zq.core import limits
 from zq.core.errors import ConfigError, NotEntitledError
 from zq.keys import public_key_of
 
@@ -56,6 +57,10 @@ class Rights(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     browse: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # queues / topics (peek, query, replay, range)
     claim: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # queues
     admin: list[str] = msgspec.field(default_factory=lambda: list(ALL))  # operation names (purge, move, ...)
+    # Quotas: what one key may hold of what every key shares (zq.server.quotas).
+    max_sessions: int = limits.KEY_SESSIONS_DEFAULT  # sessions at once, all its connections
+    max_subscriptions: int = limits.KEY_SUBSCRIPTIONS_DEFAULT  # subscriptions and claims at once, all its sessions
+    max_queues: int = limits.KEY_QUEUES_DEFAULT  # queues its frames create (publishes, queue-create, move), this run
 
     def allows(self, kind: str, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in getattr(self, kind))
@@ -108,12 +113,25 @@ def check_section(sec: SecuritySection, base: Path) -> SecuritySection:
     warn_if_exposed(secret)
     if not os.path.isdir(allow):
         raise ConfigError(f"security.allow: {allow} is not a directory of public certificates")
+    check_quotas(sec.default, "security.default")
     clients = []
     for i, c in enumerate(sec.client):
         key = c.key if len(c.key) == 40 else str((base / c.key).resolve())
         public_key_of(key, f"security.client[{i}].key")
+        check_quotas(c, f"security.client[{i}]")
         clients.append(msgspec.structs.replace(c, key=key))
     return msgspec.structs.replace(sec, secret_key=secret, allow=allow, client=clients)
+
+
+QUOTA_RANGES = {"max_sessions": limits.CONNECTIONS_MAX, "max_subscriptions": limits.SUBSCRIPTIONS_MAX,
+                "max_queues": limits.QUEUES_MAX}
+
+
+def check_quotas(rights: Rights, where: str) -> None:
+    for name, most in QUOTA_RANGES.items():
+        value = getattr(rights, name)
+        if not 1 <= value <= most:
+            raise ConfigError(f"{where}.{name} must be 1..{most:,}, got {value}")
 
 
 def warn_if_exposed(secret: str) -> str:

@@ -20,6 +20,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
 from zq.server.held import HeldConfirmations
+from zq.server.quotas import KeyQuotas
 from zq.server.security import Security
 from zq.server.sessions import Peer, holder_name, peer_of
 
@@ -50,6 +51,7 @@ class Stats:
     journal_failures: int
     endpoints: list[str]
     confirmations: HeldConfirmations
+    quotas: KeyQuotas
     cluster: LeaderDuty | None
     asking: Peer | None
 
@@ -103,7 +105,8 @@ class Stats:
             "slow_commands": self.slow_commands,
             "internal_errors": self.internal_errors,
             "bulk_actions": len(self.bulk_actions),
-            "security": self.security.stats() if self.security is not None else {"on": False},
+            "security": ({**self.security.stats(), "quotas": self.quotas.stats()} if self.security is not None
+                         else {"on": False}),
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
                         "down_ms": now - self.journal_down_since if self.journal_down else 0,
                         "failures": self.journal_failures},
