@@ -468,3 +468,24 @@ def test_quota_settings_are_checked(keys, quota, bad):
         Config.from_dict(tomllib.loads(text))
     ok = Config.from_dict(tomllib.loads(text.replace(f"{quota} = {bad}", f"{quota} = 5")))
     assert getattr(ok.security.default, quota) == 5  # type: ignore[union-attr]
+
+
+def test_an_in_process_session_never_takes_a_remote_keys_rights(secured):
+    """With [security], the host's own in-process clients carry no key and are not
+    narrowed: once an in-process HELLO took the rights of the last remote HELLO (a
+    narrow key's): harmless while nothing in-process read them, wrong all the same."""
+    d, keys = secured
+    carol = Raw(d.endpoint, keys, "carol")
+    try:
+        assert type(carol.hello()) is wire.Welcome  # the last remote HELLO: a narrow key's
+        with zq.Worker(d, "B.jobs", max_backlog=1) as w, zq.Publisher(d) as p:
+            server = d.server
+            assert server is not None and server.links
+            for link_id in server.links:
+                assert server.peers[link_id].rights is None and server.peers[link_id].key is None
+            p.publish("B.jobs", "the host's own")
+            m = w.get(timeout=5)
+            assert m is not None
+            m.ack()
+    finally:
+        carol.close()
