@@ -35,7 +35,7 @@ RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cit
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim",
-             "replication", "cluster-replication", "failover", "faults")
+             "replication", "cluster-replication", "failover", "faults", "abuse")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -108,6 +108,10 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
         from bench import access
 
         return access.claim_latency(200 if quick else 5_000)
+    if scenario == "abuse":
+        from bench import abuse
+
+        return abuse.run(quick)
     if scenario == "reclaim":
         from bench import reclaim
 

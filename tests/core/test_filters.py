@@ -202,3 +202,51 @@ def test_a_filtered_subscription_on_a_priority_queue_judges_each_message_about_o
     assert reads < 2 * 50, reads
     match = h.pub("q", payload=msgspec.json.encode({"p": 0, "a": {"b": 1}}))  # the subscriber still sees it
     assert h.drain() == {"w": match}
+
+
+def test_filter_work_per_step_is_bounded_and_the_rest_goes_on_at_the_next_step():
+    """Ten thousand filtered subscriptions that never match once made one publish hold
+    the loop for seconds (every message offered to every one of them in one step). A
+    step evaluates at most DISPATCH_MATCHES_PER_STEP filters (plus one message's worth
+    of subscriptions: a message is offered to all of them or to none); the queue stays
+    due (``next_deadline_ms`` is now) and the next step goes on. Nothing is lost or
+    reordered."""
+    from zq.core import limits
+
+    h = Harness()
+    n_subs = 2000
+    for i in range(n_subs):
+        h.sub(f"s{i}", "jobs", backlog=1, filter=f"color = 'never{i}'")
+    blue = h.pub("jobs", 100, color="blue")
+    q = h.engine.queues["jobs"]
+    steps = 0
+    while True:
+        assert h.drain() == {}
+        steps += 1
+        assert q.matches <= limits.DISPATCH_MATCHES_PER_STEP + n_subs
+        if not q.out_of_budget:
+            break
+        assert h.engine.next_deadline_ms() == h.now  # (the loop does not sleep on it)
+        assert steps < 100, "the budgeted dispatch never finished"
+    assert steps >= 100 * n_subs // (limits.DISPATCH_MATCHES_PER_STEP + n_subs)
+    h.sub("any", "jobs", backlog=200)
+    got: list[int] = []
+    for _ in range(200):
+        got += h.drain().get("any", [])
+        if not q.out_of_budget:
+            break
+    assert got == blue  # every set-aside one, in order
+
+
+def test_a_match_among_many_filters_is_delivered_in_order_across_budgeted_steps():
+    h = Harness()
+    for i in range(1500):
+        h.sub(f"s{i}", "jobs", backlog=1, filter=f"color = 'never{i}'")
+    h.sub("red", "jobs", backlog=100, filter="color = 'red'")
+    seqs = [h.pub("jobs", color=c)[0] for c in ["red", "blue", "red", "red", "blue", "red"] * 5]
+    got: list[int] = []
+    for _ in range(500):
+        got += h.drain().get("red", [])
+        if not h.engine.queues["jobs"].out_of_budget:
+            break
+    assert got == [s for s, c in zip(seqs, ["red", "blue", "red", "red", "blue", "red"] * 5) if c == "red"]

@@ -85,6 +85,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.find_id = find_id
         self.step_ids: dict[tuple[str, str], tuple[int, int]] = {}
         self.duplicates = 0
+        # Filter evaluations one drain may make, all queues (the simulator lowers it to
+        # exercise the stop-and-go-on path in every fault it injects).
+        self.dispatch_budget = limits.DISPATCH_MATCHES_PER_STEP
+        self.dispatch_deferred = 0  # queue dispatches left for the next step at that budget (STATS)
         self.notices: list[str] = []  # operator-worthy changes (overflow breaches); the adapter logs them
         self.over_limit: set[str] = set()  # queues in an overflow breach (checked each drain)
         # The content port: reads a journaled message by bookmark (filters need it).
@@ -753,7 +757,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         target-depth refill is part way through its scan)."""
         best = None
         for q in self.queues.values():
-            if q.tqd_scanning:
+            if q.tqd_scanning or q.out_of_budget:
                 return self.now_ms
             d = q.next_deadline_ms()
             e = self.next_expiry_ms(q)
@@ -782,20 +786,26 @@ class Engine(ManagementMixin, TargetDepthMixin):
         """Dispatch everything possible; return what to journal, then what to send."""
         self.set_time(now_ms)
         now = self.now_ms
+        budget = self.dispatch_budget  # filter evaluations, all queues: the rest waits a step
         for _ in range(64):  # dead letters can feed other queues; bounded, converges fast
             busy = False
             for q in list(self.queues.values()):
                 if q.inactive and q.active() < q.tqd:
                     self.refill(q)
                 if q.dirty:
-                    q.dispatch(now)
+                    if budget > 0 or not q.filtered:
+                        budget -= q.dispatch(now, max(budget, 0))
+                    else:
+                        q.out_of_budget = True  # (its turn comes at the next step)
+                    if q.out_of_budget:
+                        self.dispatch_deferred += 1
                 if q.holding:  # reclaimed messages were offered to the others: their holders may take more
                     q.end_hold()
                 self.flush_events(q)  # causes (cancelled, returned) before their expiries
                 if q.expired_out:
                     self.flush_expired(q)
                     busy = True
-            if not busy and not any(q.dirty for q in self.queues.values()):
+            if not busy and not any(q.dirty and not q.out_of_budget for q in self.queues.values()):
                 break
         for q in self.queues.values():
             if q.reclaimers:

@@ -40,6 +40,7 @@ DELIVER_BATCH_MAX = 256  # messages in one deliver frame
 RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journaled
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
 CLAIM_MAX = 4096  # messages one claim may take
+DISPATCH_MATCHES_PER_STEP = 5_000  # filter evaluations of one engine step (all queues): ~1-6 us each; more waits a step
 VIEW_SCAN_MAX = 10_000  # messages one peek / query reads: 4-6 us each with a filter (a 1 M-frame fuzz saw 25,000 take 100-160 ms)
 BULK_SLICE = 10_000  # messages a bulk operator action (purge, move, ack-filter, redrive) reads per loop iteration
 BULK_COPY_SLICE = 2_000  # messages a move or redrive copies per loop iteration (~12 us each with the journal write)

@@ -263,6 +263,10 @@ class Queue:
         self.removed_gid: dict[int, int] = {}  # removed ones whose group already stopped counting them
         self.subs: list[Subscription] = []
         self.filtered = 0  # subscriptions with a content filter
+        # Filter evaluations of the dispatch under way, against its budget (the engine's, per
+        # step): ten thousand filtered subscriptions once held the loop for seconds per publish.
+        self.matches = 0
+        self.out_of_budget = False  # the last dispatch stopped at its budget: the next step goes on
         self.skipped: array[int] | list[int] = self.new_skipped()
         self.skipped_gid = array("I")
         self.skip_gone: set[int] = set()  # ranks taken out of ``skipped`` (lazily compacted)
@@ -420,14 +424,19 @@ class Queue:
 
     # --------------------------------------------------------------- dispatch
 
-    def dispatch(self, now_ms: int) -> None:
-        """Hand waiting messages to subscriptions with credit, oldest first."""
+    def dispatch(self, now_ms: int, budget: int = limits.DISPATCH_MATCHES_PER_STEP) -> int:
+        """Hand waiting messages to subscriptions with credit, oldest first. Returns the
+        filter evaluations it made: at ``budget`` it stops before the next message, still
+        dirty (``out_of_budget``), and the next step goes on from there. A message is
+        always offered to every subscription with credit before it is set aside."""
         self.dirty = False
+        self.out_of_budget = False
+        self.matches = 0
         if not self.subs or self.depth == 0:
-            return
+            return 0
         if self.browse:
-            self.dispatch_browse()
-            return
+            self.dispatch_browse(budget)
+            return self.matches
         fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
         returned, ready, removed = self.returned, self.ready, self.removed
         watermark = self.expired_watermark
@@ -446,8 +455,11 @@ class Queue:
                 if limit > offered:
                     i = bisect_left(self.skipped, offered)
                     if i < len(self.skipped) and self.skipped[i] < limit:
-                        self.dispatch_skipped(limit, now_ms)
+                        self.dispatch_skipped(limit, now_ms, budget)
                         if self.depth == 0:
+                            break
+                        if self.matches >= budget:  # (not every set-aside one was offered to everyone)
+                            self.stop_for_budget()
                             break
                         offered = limit
                         continue  # a set-aside group head went: its group's next may compete now (look again)
@@ -482,6 +494,9 @@ class Queue:
                     self.head += 1
                     self.park(grp, seq)
                     continue
+                if filtered and self.matches >= budget:
+                    self.stop_for_budget()
+                    break
                 sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
                     if filtered and self.any_credit():
@@ -503,6 +518,9 @@ class Queue:
                 live = not (removed and seq in removed) and seq > watermark
                 sub = None
                 if live:
+                    if filtered and self.matches >= budget:
+                        self.stop_for_budget()
+                        break
                     sub = self.choose_for(None, seq) if filtered else self.choose(None)
                     if sub is None and not (filtered and self.any_credit()):
                         break
@@ -551,6 +569,9 @@ class Queue:
                     if grp.owner is not None:
                         grp.owner.waiting_groups.add(gid)
                     continue
+                if filtered and self.matches >= budget:
+                    self.stop_for_budget()
+                    break
                 sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
                 if sub is None:
                     if filtered and self.any_credit():
@@ -575,6 +596,12 @@ class Queue:
             if self.depth == 0:
                 break
         self.compact()
+        return self.matches
+
+    def stop_for_budget(self) -> None:
+        """The dispatch spent its filter budget: stay dirty, the next step goes on."""
+        self.dirty = True
+        self.out_of_budget = True
 
     def group_can_go(self, grp: Group) -> bool:
         if grp.held:
@@ -636,7 +663,7 @@ class Queue:
                 return s
         return None
 
-    def dispatch_browse(self) -> None:
+    def dispatch_browse(self, budget: int) -> None:
         """browse_only: each subscription walks the messages in order from its own cursor;
         nothing is leased and nothing leaves. Credit bounds what is in flight to it."""
         if len(self.removed) > 1024 and len(self.removed) * 2 > len(self.fifo) - self.head:
@@ -649,6 +676,11 @@ class Queue:
             n = len(fifo)
             while i < n and sub.used < sub.backlog:
                 seq = fifo[i]
+                if sub.match is not None:
+                    if self.matches >= budget:
+                        self.stop_for_budget()
+                        return
+                    self.matches += 1
                 i += 1
                 sub.browse_cursor = seq + 1
                 if seq in removed or (sub.match is not None and not sub.match(seq)):
@@ -713,7 +745,10 @@ class Queue:
         """``choose`` among the subscriptions whose filter matches ``seq``."""
         if grp is not None and self.owned and grp.owner is not None:
             owner = grp.owner
-            if owner.match is None or owner.match(seq):
+            if owner.match is None:
+                return owner
+            self.matches += 1
+            if owner.match(seq):
                 return owner
             if grp.inflight:
                 return None
@@ -728,6 +763,8 @@ class Queue:
                 start = self.rr_next % count
                 order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
         for s in order:
+            if s.match is not None:
+                self.matches += 1
             if s.match is None or s.match(seq):
                 if self.fairness == "round-robin":
                     self.rr_next = (subs.index(s) + 1) % len(subs)
@@ -786,8 +823,9 @@ class Queue:
             self.skip_high = key + 1
         return key + 1
 
-    def dispatch_skipped(self, limit: int, now_ms: int) -> None:
-        """Offer set-aside messages ranked before ``limit`` to subscriptions with credit."""
+    def dispatch_skipped(self, limit: int, now_ms: int, budget: int) -> None:
+        """Offer set-aside messages ranked before ``limit`` to subscriptions with credit
+        (until ``budget`` filter evaluations: a subscription's cursor keeps its place)."""
         skipped, gids, gone = self.skipped, self.skipped_gid, self.skip_gone
         removed, groups = self.removed, self.groups
         for sub in self.subs:
@@ -800,7 +838,7 @@ class Queue:
             n = len(skipped)
             while i < n and sub.used < sub.backlog:
                 key = skipped[i]
-                if key >= limit:
+                if key >= limit or self.matches >= budget:
                     break
                 i += 1
                 if key in gone:
@@ -815,13 +853,18 @@ class Queue:
                 if grp is not None:
                     owner = grp.owner
                     if self.owned and owner is not None and owner is not sub:
-                        if grp.inflight or owner.match is None or owner.match(seq):
+                        if grp.inflight or owner.match is None:
+                            continue
+                        self.matches += 1
+                        if owner.match(seq):
                             continue
                         self.disown(grp)
                     if not self.owned and grp.inflight:
                         continue
-                if sub.match is not None and not sub.match(seq):
-                    continue
+                if sub.match is not None:
+                    self.matches += 1
+                    if not sub.match(seq):
+                        continue
                 gone.add(key)
                 if grp is not None:
                     grp.held = 0
@@ -831,6 +874,8 @@ class Queue:
             sub.skip_cursor = skipped[i] if i < n else (skipped[-1] + 1 if n else self.key_floor)
             if sub.skip_cursor > self.skip_high:
                 self.skip_high = sub.skip_cursor
+            if self.matches >= budget:
+                break  # (the subscriptions after it keep their cursors for the next step)
         self.compact_skipped()
 
     def compact_skipped(self) -> None:

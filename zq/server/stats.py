@@ -103,6 +103,7 @@ class Stats:
             "loop_max_phases": self.loop_max_phases,
             "slowest_command": {"ms": round(self.slowest_command[0], 3), "command": self.slowest_command[1]},
             "slow_commands": self.slow_commands,
+            "dispatch_deferred": self.engine.dispatch_deferred,  # dispatches left for the next step at the filter budget
             "internal_errors": self.internal_errors,
             "bulk_actions": len(self.bulk_actions),
             "security": ({**self.security.stats(), "quotas": self.quotas.stats()} if self.security is not None

@@ -87,6 +87,8 @@ SAMPLE_S = 0.01  # the server's memory is read this often
 PORTS = range(47100, 47200)
 HEARTBEAT_S = 0.8  # raw sessions send a HEARTBEAT this often (the server drops a peer after 3 s of silence)
 SESSIONS_PER_CHILD = 4000
+SESSIONS_OPEN_S = 20.0  # the session children's HELLOs are answered within this, or counted as not
+RELEASE_S = 20.0  # the abuser's sessions end within this (then it exits regardless)
 SNAPSHOTS_MAX = 2  # zq.server.snapshots.SNAPSHOTS_MAX: what the snapshot pattern checks the disk against
 MIB = 1 << 20
 
@@ -183,6 +185,9 @@ class Server:
                 return time.monotonic() - t0
             if time.monotonic() > deadline:
                 raise TimeoutError(f"zq serve did not answer a HELLO within {ready_timeout} s")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     @property
     def pid(self) -> int:
@@ -317,9 +322,11 @@ def bystander_main(endpoint: str, out: str, seconds: float, stop_file: str, read
         sub = client.subscribe(BYSTANDER_QUEUE, max_backlog=4, timeout=OP_TIMEOUT_S)
 
     def record(kind: str, t0: float, err: BaseException | None) -> None:
+        """One round trip, stamped with the wall time it began."""
         nonlocal fails_in_row
         ms = (time.perf_counter() - t0) * 1000
-        samples.append((time.time(), kind, round(ms, 3), None if err is None else f"{type(err).__name__}: {err}"[:200]))
+        began = time.time() - ms / 1000
+        samples.append((began, kind, round(ms, 3), None if err is None else f"{type(err).__name__}: {err}"[:200]))
         fails_in_row = 0 if err is None else fails_in_row + 1
 
     while time.monotonic() < deadline:
@@ -515,7 +522,7 @@ class Abuser:
         self.stop_file = stop_file
         self.workdir = workdir
         self.ctx = zmq.Context.instance()
-        self.ctx.setsockopt(zmq.MAX_SOCKETS, 8192)
+        self.ctx.set(zmq.MAX_SOCKETS, 8192)  # (a context option: set before its first socket)
         self.figures: dict[str, Any] = {}
         self.peers: list[RawPeer] = []
         self.children: list[subprocess.Popen] = []
@@ -554,6 +561,23 @@ class Abuser:
             self.idle(0.1)
 
     def close(self) -> None:
+        """End what the pattern holds: each raw session by a second HELLO (its answer says
+        the session's end was handled: what that costs the others is measured), then BYE."""
+        self.phase("release")
+        t0 = time.perf_counter()
+        end = time.monotonic() + RELEASE_S
+        for p in reversed(self.peers):  # the newest first: what it holds is at the end of the server's lists
+            if p.deaf:
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                p.welcomed = False
+                p.send(wire.Hello(wire.PROTOCOL_VERSION, "abuser-leaving"))
+        for p in self.peers:
+            while not p.deaf and not p.welcomed and time.monotonic() < end:
+                if p.sock.poll(100):
+                    p.drain()
+                self.beat_all()
+        self.figures["release_s"] = round(time.perf_counter() - t0, 3)
         for child in self.children:
             with contextlib.suppress(Exception):
                 if child.stdin is not None:
@@ -764,23 +788,22 @@ def abuse_claims(ab: Abuser, scale: float) -> None:
     ab.phase("claim")
     peers = [ab.peer(f"abuser-c{i}") for i in range(conns)]
     t0 = time.perf_counter()
-    for i, p in enumerate(peers):
-        k = min(per_conn, total - i * per_conn)
-        for j in range(k):
-            p.send(wire.Claim(p.next_req(), f"c{j}", "abuse.c", 1, 60_000, 30_000))
-        if i % 10 == 9:
-            ab.beat_all()
-    markers = {}
-    for p in peers:  # answered after every claim of its connection was handled
-        markers[p] = p.next_req()
-        p.send(wire.Bounds(markers[p]))
     unanswered = 0
-    for p in peers:
-        if not p.wait_for(markers[p], max(0.5, ab.left()), others=peers):
+    for i, p in enumerate(peers):  # a connection's claims, then a marker answered after them all
+        if ab.left() < 1:
             unanswered += 1
+            continue
+        for j in range(min(per_conn, total - i * per_conn)):
+            p.send(wire.Claim(p.next_req(), f"c{j}", "abuse.c", 1, 60_000, 30_000))
+        marker = p.next_req()
+        p.send(wire.Bounds(marker))
+        if not p.wait_for(marker, max(0.5, ab.left()), others=peers):
+            unanswered += 1
+        ab.figures["claims_sent"] = min(total, (i + 1) * per_conn)
     errors = merge_errors(peers)
+    sent = ab.figures.get("claims_sent", 0)
     ab.figures.update(claims_asked=total, connections=conns, claim_s=round(time.perf_counter() - t0, 3),
-                      claim_errors=errors, claims_open=total - sum(errors.values()), connections_unanswered=unanswered)
+                      claim_errors=errors, claims_open=sent - sum(errors.values()), connections_unanswered=unanswered)
     ab.hold()
 
 
@@ -790,7 +813,8 @@ def abuse_claims(ab: Abuser, scale: float) -> None:
 def abuse_non_reader(ab: Abuser, scale: float) -> None:
     """Requests with big answers from a peer that never reads its socket (RCVHWM 1, a
     4 KiB receive buffer): RANGE, PEEK, REPLAY, STATS; then publish frames of 48 MiB
-    back to back. Each kind on its own connection, closed after it."""
+    back to back. Each kind on its own connection, closed after it. Last, a following
+    REPLAY whose connection goes away without a BYE, and a publish to its topic."""
     import zq
 
     ab.phase("setup")
@@ -841,6 +865,22 @@ def abuse_non_reader(ab: Abuser, scale: float) -> None:
                           publish48_errors=dict(p.errors))
         p.close()
         ab.peers.remove(p)
+    if ab.left() > 2:
+        # The reader that stops reading for good: a following REPLAY, then the connection
+        # is gone without a BYE (a crashed follower); then its topic gets a message.
+        ab.phase("follower-gone")
+        p = ab.peer("abuser-follower")
+        r = p.next_req()
+        p.send(wire.Replay(r, "gone", "abuse.feed", -1, None, None, True))
+        p.wait_for(r, min(5.0, ab.left()))
+        p.close(bye=False)
+        ab.peers.remove(p)
+        time.sleep(0.2)
+        with zq.connect(ab.endpoint, name="abuser-feed", connect_timeout=max(1.0, min(3.0, ab.left()))) as c:
+            c.publish("abuse.feed", b"after the follower left", timeout=max(1.0, min(3.0, ab.left())))
+            time.sleep(0.5)
+            took, _, err = timed(lambda: c.stats(timeout=max(1.0, min(3.0, ab.left()))))
+        ab.figures["after_follower_gone"] = err or f"served ({took * 1000:.0f} ms)"
     ab.hold()
 
 
@@ -848,50 +888,29 @@ def abuse_non_reader(ab: Abuser, scale: float) -> None:
 
 
 def abuse_auto_create(ab: Abuser, scale: float) -> None:
-    """Publishes to new topics (each auto-creates a queue) up to the queue cap; then
-    HELLO from as many sessions (from child processes), and a STATS among them."""
+    """HELLO from many sessions (child processes hold them) and a STATS among them; then
+    publishes to new topics, each auto-creating a queue, up to the queue cap."""
     import zq
     from zq.core import limits
 
-    n = max(1, round(limits.QUEUES_MAX * scale))
-    ab.phase("auto-create")
-    t0 = time.perf_counter()
-    ok = 0
-    errors: dict[str, int] = {}
-    with zq.connect(ab.endpoint, name="abuser-auto", connect_timeout=10) as c:
-        futures = []
-        for i in range(n):
-            futures.append(c.publish_async(f"abuse.auto.{i}", b"a"))
-            if ab.left() < 1:
-                break
-        for f in futures:
-            try:
-                f.result(max(0.1, ab.left()))
-                ok += 1
-            except Exception as exc:  # noqa: BLE001
-                key = type(exc).__name__
-                errors[key] = errors.get(key, 0) + 1
-        ab.figures.update(topics=len(futures), auto_queues_created=ok, auto_errors=errors,
-                          auto_create_s=round(time.perf_counter() - t0, 3))
-        queues_now = len(c.stats(timeout=max(1.0, ab.left()))["queues"])
-        ab.figures["queues_after"] = queues_now
     ab.phase("sessions")
     sessions = max(1, round(limits.CONNECTIONS_DEFAULT * scale))
     t0 = time.perf_counter()
+    budget = max(1.0, min(SESSIONS_OPEN_S, ab.left() / 3))
     for start in range(0, sessions, SESSIONS_PER_CHILD):
         k = min(SESSIONS_PER_CHILD, sessions - start)
         ab.children.append(subprocess.Popen(
-            [sys.executable, "-m", "zq.testing.abuse", "sessions", ab.endpoint, str(k), str(max(1.0, ab.left()))],
-            env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            [sys.executable, "-m", "zq.testing.abuse", "sessions", ab.endpoint, str(k), str(budget),
+             str(max(1.0, ab.left()))], env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     opened = refused = 0
-    for child in ab.children:  # each prints "OPEN opened refused" once its HELLOs are answered
-        line = read_line(child, max(0.5, ab.left()))
+    for child in ab.children:  # each prints "OPEN opened refused" once its HELLOs are answered (or its budget is spent)
+        line = read_line(child, budget + 5)
         if line.startswith("OPEN"):
             _, o, r = line.split()
             opened, refused = opened + int(o), refused + int(r)
     ab.figures.update(sessions_asked=sessions, sessions_open=opened, sessions_refused=refused,
                       sessions_s=round(time.perf_counter() - t0, 3))
-    with zq.connect(ab.endpoint, name="abuser-stats", connect_timeout=max(1.0, min(30.0, ab.left()))) as c:
+    with zq.connect(ab.endpoint, name="abuser-stats", connect_timeout=max(1.0, min(10.0, ab.left()))) as c:
         times = []
         for _ in range(3):
             if ab.left() < 1:
@@ -902,6 +921,26 @@ def abuse_auto_create(ab: Abuser, scale: float) -> None:
                 ab.figures["stats_error"] = err
                 break
         ab.figures["stats_with_sessions_ms"] = times
+    n = max(1, round(limits.QUEUES_MAX * scale))
+    ab.phase("auto-create")
+    t0 = time.perf_counter()
+    ok = 0
+    errors: dict[str, int] = {}
+    with zq.connect(ab.endpoint, name="abuser-auto", connect_timeout=max(1.0, min(10.0, ab.left()))) as c:
+        futures = []
+        for i in range(n):
+            if ab.left() < 1:
+                break
+            futures.append(c.publish_async(f"abuse.auto.{i}", b"a"))
+        for f in futures:
+            try:
+                f.result(max(0.1, ab.left()))
+                ok += 1
+            except Exception as exc:  # noqa: BLE001
+                key = type(exc).__name__
+                errors[key] = errors.get(key, 0) + 1
+        ab.figures.update(topics=len(futures), auto_queues_created=ok, auto_errors=errors,
+                          auto_create_s=round(time.perf_counter() - t0, 3))
     ab.hold()
 
 
@@ -914,13 +953,15 @@ def read_line(child: subprocess.Popen, timeout: float) -> str:
     return child.stdout.readline().strip() if ready else ""
 
 
-def sessions_main(endpoint: str, count: int, seconds: float) -> int:
-    """``count`` sessions (HELLOs) kept alive by heartbeats until stdin closes or ``seconds`` pass."""
+def sessions_main(endpoint: str, count: int, open_s: float, seconds: float) -> int:
+    """``count`` sessions (HELLOs), answered within ``open_s`` (then "OPEN opened refused"
+    is printed), kept alive by heartbeats until stdin closes or ``seconds`` pass."""
     import select
 
     deadline = time.monotonic() + seconds
+    open_by = time.monotonic() + open_s
     ctx = zmq.Context.instance()
-    ctx.setsockopt(zmq.MAX_SOCKETS, count + 64)
+    ctx.set(zmq.MAX_SOCKETS, count + 64)
     socks = []
     hello = wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "abuser-session"))
     for _ in range(count):
@@ -932,7 +973,7 @@ def sessions_main(endpoint: str, count: int, seconds: float) -> int:
     opened = refused = 0
     pending = set(range(count))
     last_beat = time.monotonic()
-    while pending and time.monotonic() < deadline:
+    while pending and time.monotonic() < min(open_by, deadline):
         for i in list(pending):
             try:
                 raw = socks[i].recv(zmq.NOBLOCK)
@@ -1038,7 +1079,7 @@ class Pattern:
 
 PATTERNS: dict[str, Pattern] = {
     "filtered-subs": Pattern(abuse_filtered_subs, 0.1, 1.0, 20, 60),
-    "match-all-queues": Pattern(abuse_match_all_queues, 0.05, 0.5, 20, 60, restart=True),
+    "match-all-queues": Pattern(abuse_match_all_queues, 0.2, 1.0, 20, 60, restart=True),
     "huge-settle": Pattern(abuse_huge_settle, 0.1, 1.0, 20, 60),
     "claims": Pattern(abuse_claims, 0.1, 1.0, 20, 60),
     "non-reader": Pattern(abuse_non_reader, 0.1, 1.0, 20, 60),
@@ -1142,15 +1183,17 @@ def run_pattern(name: str, scale: float | None = None, *, large: bool = False, w
         result["pattern_s"] = round(t_pattern - t_start, 3)
         result["abuser_finished"] = holding.is_set()
         if holding.is_set():
-            result["probe_during"] = probe(server.endpoint)
+            result["probe_during"] = probe(server.endpoint) if server.alive() else {"ok": False,
+                                                                                    "error": "the server died"}
         stop_a.write_text("stop")
         try:
-            abuser.wait(15)
+            abuser.wait(RELEASE_S + 15)
         except subprocess.TimeoutExpired:
             stop_process(abuser, grace=5.0)
         result["abuser_exit"] = abuser.returncode
         reader.join(2)
-        t_end = time.time()
+        time.sleep(1.0)  # what the abuser's leaving costs (its sessions end) is the pattern's too
+        t_end = time.time()  # round trips begun before this count, however long they took
         stop_b.write_text("stop")
         try:
             bystander.wait(2 * OP_TIMEOUT_S + 5)  # it finishes the round trip under way and writes its figures
@@ -1167,13 +1210,15 @@ def run_pattern(name: str, scale: float | None = None, *, large: bool = False, w
         result["safety_stop"] = monitor.breached
         if spec.disk:
             result["disk"] = disk_figures(monitor, t_start, wd / spec.disk)
-        result["server_watchdog"] = watchdog(server.endpoint)
+        result["server_watchdog"] = watchdog(server.endpoint) if server.alive() else {"error": "the server died"}
         status = proc_status(server.pid)
         result["server_memory"]["vmhwm_mib"] = round(status.get("VmHWM", 0) / 1024, 1)
-        result["server_alive"] = server.proc is not None and server.proc.poll() is None
+        result["server_alive"] = server.alive()
         monitor.halt.set()
         result["server_slow_lines"] = server.slow_lines()
         result["server_exit"] = server.stop()
+        if not result["server_alive"] or result["server_exit"] not in (0, None):
+            result["server_log_tail"] = server.log_tail(15)
         if spec.restart:
             restart_timeout = 60.0 if scale > spec.small else 30.0
             try:
@@ -1300,8 +1345,10 @@ def abuser_main(name: str, endpoint: str, scale: float, seconds: float, stop_fil
         print("HOLDING", flush=True)  # nothing more is coming
     finally:
         ab.figures["abuser_s"] = round(time.perf_counter() - t0, 3)
-        Path(out).write_text(json.dumps(ab.figures, default=str))
-        ab.close()
+        try:
+            ab.close()
+        finally:
+            Path(out).write_text(json.dumps(ab.figures, default=str))
     return 0
 
 
@@ -1353,6 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sessions")
     s.add_argument("endpoint")
     s.add_argument("count", type=int)
+    s.add_argument("open_s", type=float)
     s.add_argument("seconds", type=float)
     args = parser.parse_args(argv)
     if args.cmd == "bystander":
@@ -1360,7 +1408,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "abuser":
         return abuser_main(args.pattern, args.endpoint, args.scale, args.seconds, args.stop_file, args.out, args.workdir)
     if args.cmd == "sessions":
-        return sessions_main(args.endpoint, args.count, args.seconds)
+        return sessions_main(args.endpoint, args.count, args.open_s, args.seconds)
     rows = []
     for name in args.patterns or list(PATTERNS):
         row = run_pattern(name, args.scale, large=args.large, workdir=args.workdir)

@@ -181,8 +181,9 @@ class Worker:
 
 
 class Simulator:
-    def __init__(self, seed: int, steps: int = 2000) -> None:
+    def __init__(self, seed: int, steps: int = 2000, dispatch_budget: int = 0) -> None:
         self.options = SimOptions.draw(seed, steps)
+        self.dispatch_budget = dispatch_budget  # >0: the engine's filter evaluations per drain (tiny: stops often)
         self.rng = random.Random(seed * 7919 + 1)
         self.tenant_rng = random.Random(seed * 7919 + 2)
         self.reclaim_rng = random.Random(seed * 7919 + 3)  # its own stream: the other draws stay as they were
@@ -194,6 +195,8 @@ class Simulator:
         self.fair = any(q.tenant_header for q in self.options.queues)
         self.journal = MemoryJournal()
         self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
+        if dispatch_budget:
+            self.engine.dispatch_budget = dispatch_budget
         self.oracle = Oracle()
         self.now_ms = 0
         self.workers: dict[str, Worker] = {}
@@ -405,6 +408,8 @@ class Simulator:
             self.journal.commit(self.now_ms)
             self.oracle.committed(self.engine, out.records)
         self.engine = recover_engine(self.journal, self.options.queues)
+        if self.dispatch_budget:
+            self.engine.dispatch_budget = self.dispatch_budget
         self.oracle.forget_holders()
         self.workers.clear()  # every connection died with the server
         self.engine.advance(self.now_ms)  # as the server's loop does before its first drain

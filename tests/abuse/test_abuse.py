@@ -1,0 +1,50 @@
+"""One peer, within its rights, cannot take the dispatcher from the others (issue 32 §3).
+
+Each test runs one pattern a hostile-but-entitled peer can run, at the small scale
+(``zq.testing.abuse.PATTERNS[name].small``), against a real ``zq serve`` at its default
+limits, with a bystander doing round trips the whole time, and asserts the rule: every
+bystander round trip under 100 ms and none failed, the server's memory grew by at most
+``MEMORY_BOUND_MIB``, and a fresh client is still served (plus, for snapshots, at most
+2 journal copies on disk). Nothing here is skipped or expected to fail: a pattern that
+breaks the rule fails its test, with the figures in the message.
+
+The long run is ``python -m bench run abuse`` (each pattern at its large scale);
+``python -m zq.testing.abuse run PATTERN --scale S`` runs one at any scale.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zq.testing.abuse import CONTROL, PATTERNS, run_pattern
+
+
+def figures(r: dict) -> str:
+    keep = ("bystander_ms", "bystander_by_kind_ms", "bystander_failures", "bystander_first_errors",
+            "bystander_longest_gap_ms", "server_memory", "probe_during", "disk", "abuser", "server_watchdog",
+            "server_slow_lines", "restart_s")
+    return json.dumps({k: r[k] for k in keep if k in r}, indent=1, default=str)
+
+
+def harness_ran(r: dict) -> None:
+    """The figures mean something only if the pattern ran and the bystander measured it."""
+    assert "abuser_error" not in r.get("abuser", {}), f"the abuser failed: {r['abuser']['abuser_error']}"
+    assert r.get("abuser_finished"), f"the abuser never reached its hold: {figures(r)}"
+    assert r.get("bystander_requests", 0) > 0, f"the bystander made no request while the pattern ran: {figures(r)}"
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_one_peer_within_its_rights_does_not_take_the_dispatcher(name):
+    r = run_pattern(name)
+    harness_ran(r)
+    assert r["verdict"]["ok"], f"{name} at scale {r['scale']}: " + "; ".join(r["verdict"]["why"]) + "\n" + figures(r)
+
+
+def test_the_bystander_alone_keeps_to_the_rule():
+    """The control: no abuser, the same harness. If this fails, the machine (not zq's
+    fairness) is what the other tests measure."""
+    r = run_pattern("control", CONTROL.small)
+    harness_ran(r)
+    assert r["verdict"]["ok"], "; ".join(r["verdict"]["why"]) + "\n" + figures(r)
