@@ -92,3 +92,34 @@ def test_releases_look_only_at_what_they_release():
     blocked.clear()
     h.release_flow(lambda n: n in blocked, lambda p, f: out.append(f))
     assert sorted(out) == [b"f1", b"f2"] and h.flow_count == 0 and not h.flow
+
+
+def test_one_peer_holds_at_most_a_few_waiting_bounds_and_they_go_with_it(tmp_path):
+    """Waiting BOUNDS (a standby's long poll on the journal) were capped only in all
+    (server.max_connections): one peer could take every slot, and a real standby got
+    `limit`. Now at most 4 per connection; a peer's go when it leaves; a publish answers
+    the waiting ones at once (as does a recovery point, every second: a table change)."""
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"])).start()
+    try:
+        with zq.connect(d.inproc) as c:
+            c.publish("jobs", b"first")  # (the queue exists: a later publish changes no table)
+        hog = raw_session(d.endpoint, "hog")
+        for req in range(1, 6):
+            hog.send(wire.encode(wire.Bounds(req, None, after=10**6, wait_ms=60_000)))
+        answers = [a for a in frames_for(hog, 0.5) if type(a) is not wire.Heartbeat]
+        assert [(a.req, a.code) for a in answers if type(a) is wire.Error] == [(5, "limit")], answers
+        standby = raw_session(d.endpoint, "standby")
+        standby.send(wire.encode(wire.Bounds(7, None, after=2, wait_ms=60_000)))
+        assert [a for a in frames_for(standby, 0.3) if type(a) is not wire.Heartbeat] == []  # waiting, not refused
+        with zq.connect(d.inproc) as c:
+            c.publish("jobs", b"x")
+        got = [a for a in frames_for(standby, 1.0) if type(a) is not wire.Heartbeat]
+        assert [type(a) for a in got] == [wire.Reply] and got[0].req == 7
+        server = d.server
+        assert server is not None and len(server.bounds_waiting) <= 4  # the hog's (or fewer: a recovery point answers them)
+        hog.send(wire.encode(wire.Bye()))
+        wait_until(lambda: not server.bounds_waiting, what="the hog's waiting bounds gone with it")
+        hog.close(0)
+        standby.close(0)
+    finally:
+        d.stop()

@@ -52,6 +52,7 @@ INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and
 CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
 BOUNDS_WAIT_MAX_MS = 60_000  # longest a standby's BOUNDS may wait for the journal to grow
 PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
+BOUNDS_WAITING_PER_PEER = 4  # a standby waits with one at a time
 
 # Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
 ENTITLEMENT_OF: dict[type, tuple[str, str]] = {
@@ -96,6 +97,7 @@ class Commands:
     claim_dues: list[tuple[int, str, int]]
     confirmations: HeldConfirmations
     bounds_waiting: list[tuple[bytes, int, int, int, int]]
+    bounds_wake_ms: int
     bulk_actions: collections.deque[BulkAction]
     journal_down: str | None
     internal_errors: int
@@ -377,7 +379,11 @@ class Commands:
         if cmd.wait_ms and cmd.at_ms is None and self.engine.next_seq <= cmd.after:
             if len(self.bounds_waiting) >= self.config.max_connections:
                 raise LimitError("too many waiting bounds requests")
+            if peer.bounds_waiting >= BOUNDS_WAITING_PER_PEER:  # (else one peer takes every standby's slot)
+                raise LimitError(f"at most {BOUNDS_WAITING_PER_PEER} waiting bounds requests per connection")
+            peer.bounds_waiting += 1
             self.bounds_waiting.append((peer_id, cmd.req, cmd.after, now + cmd.wait_ms, self.engine.tables_changes))
+            self.bounds_wake_ms = min(self.bounds_wake_ms, now + cmd.wait_ms)
             return
         seq_at = self.journal.seq_at_time(cmd.at_ms) if cmd.at_ms is not None else None
         self.reply(peer_id, wire.Reply(cmd.req, {"next_seq": self.engine.next_seq, "seq_at": seq_at,

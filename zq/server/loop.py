@@ -146,6 +146,9 @@ class Server(Commands, Stats):
         self.confirmations = HeldConfirmations()
         # Standbys' BOUNDS waiting for the journal to grow (peer, req, after, due ms).
         self.bounds_waiting: list[tuple[bytes, int, int, int, int]] = []  # ... and the tables' version then
+        # Look at the waiting ones only when the journal or its tables moved, or the earliest wait ends.
+        self.bounds_seen: tuple[int, bool, int] = (-1, False, -1)
+        self.bounds_wake_ms = 0
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
         self.snapshots = Snapshots(self.journal)  # whole-journal copies for standbys left behind
@@ -266,8 +269,8 @@ class Server(Commands, Stats):
         claim_due = self.next_claim_due() if self.claims else None
         if claim_due is not None:
             deadline = min(deadline, claim_due)
-        for _, _, _, due, _ in self.bounds_waiting:
-            deadline = min(deadline, due)
+        if self.bounds_waiting:
+            deadline = min(deadline, self.bounds_wake_ms)
         if self.journal_down is not None:
             deadline = min(deadline, self.journal_retry_ms)
         elif self.replayer.busy() or self.bulk_actions:
@@ -664,16 +667,26 @@ class Server(Commands, Stats):
         end = self.engine.next_seq
         committed = self.journal_down is None
         tables = self.engine.tables_changes
+        state = (end, committed, tables)
+        if state == self.bounds_seen and now < self.bounds_wake_ms:
+            return  # (nothing moved: a scan would answer none of them)
+        self.bounds_seen = state
         still = []
+        wake = 1 << 62
         for peer_id, req, after, due, seen in self.bounds_waiting:
             if (committed and (end > after or tables != seen)) or due <= now:
                 self.send(peer_id, wire.encode(wire.Reply(req, {"next_seq": end if committed else after,
                                                                   "seq_at": None,
                                                                   "tables": self.engine.tables_changes,
                                                                   "epoch": self.epoch})))
+                peer = self.peers.get(peer_id)
+                if peer is not None:
+                    peer.bounds_waiting -= 1
             else:
                 still.append((peer_id, req, after, due, seen))
+                wake = min(wake, due)
         self.bounds_waiting = still
+        self.bounds_wake_ms = wake
 
     @property
     def epoch(self) -> int:
@@ -801,6 +814,8 @@ class Server(Commands, Stats):
                 self.claims.pop(sub_key(peer, sub), None)
             self.replayer.drop_peer(peer_id)
             self.confirmations.drop_peer(peer_id)
+            if peer.bounds_waiting:
+                self.bounds_waiting = [b for b in self.bounds_waiting if b[0] != peer_id]
             if peer.key is not None:
                 self.quotas.closed(peer.key, peer_id)
             if self.snapshots.open:

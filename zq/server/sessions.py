@@ -32,6 +32,7 @@ class Peer:
     node: str = ""  # a cluster standby's node name
     prev_end: int = 0  # a cluster standby: the journal's end at its previous report (has it caught up?)
     key: str | None = None  # with security on: the client key (ZAP User-Id) the session was opened with
+    bounds_waiting: int = 0  # its BOUNDS waiting for the journal to grow (a standby has one)
     label: str = field(default_factory=lambda: os.urandom(8).hex())  # the session's public name
 
     @property
