@@ -123,3 +123,30 @@ def test_one_peer_holds_at_most_a_few_waiting_bounds_and_they_go_with_it(tmp_pat
         standby.close(0)
     finally:
         d.stop()
+
+
+def test_stats_lists_at_most_a_thousand_sessions_and_counts_them_all(tmp_path):
+    """Ten thousand sessions once made every STATS answer list them all (megabytes,
+    the loop held for seconds, for every caller)."""
+    from zq.server.stats import STATS_PEERS_MAX
+
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=[f"ipc://{tmp_path}/zq.sock"])).start()
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, STATS_PEERS_MAX + 64)
+    socks = []
+    try:
+        for i in range(STATS_PEERS_MAX + 5):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(d.endpoint)
+            s.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, f"idle{i}")))
+            socks.append(s)
+        with zq.connect(d.inproc) as c:
+            wait_until(lambda: c.stats()["server"]["peers"] > STATS_PEERS_MAX + 5, what="every session open")
+            st = c.stats()
+            assert len(st["peers"]) == STATS_PEERS_MAX == st["server"]["peers_listed"]
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+        d.stop()

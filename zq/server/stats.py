@@ -13,6 +13,7 @@ metrics endpoint, in-process sessions, a dispatcher without security) see everyt
 from __future__ import annotations
 
 import collections
+import itertools
 from typing import TYPE_CHECKING, Any
 
 from zq.core.engine import Engine
@@ -26,6 +27,8 @@ from zq.server.sessions import Peer, holder_name, peer_of
 
 if TYPE_CHECKING:
     from zq.server.leadership import LeaderDuty
+
+STATS_PEERS_MAX = 1_000  # sessions listed in one STATS answer (server.peers counts them all)
 
 
 class Stats:
@@ -83,10 +86,12 @@ class Stats:
                 c["name"] = peer.name if peer is not None else ""
                 c["heard_ms_ago"] = now - peer.last_heard_ms if peer is not None else None
         shown = self.peers.values() if everyone else [viewer] if viewer is not None else []
+        # At most STATS_PEERS_MAX sessions listed (the count is always whole): ten thousand
+        # sessions once made every STATS answer megabytes and held the loop for seconds.
         st["peers"] = [
             {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
              "subscriptions": len(p.subs), "published": p.published}
-            for p in shown
+            for p in itertools.islice(shown, STATS_PEERS_MAX)
         ]
         st["server"] = {
             "version": SERVER_NAME,
@@ -97,6 +102,7 @@ class Stats:
             "publishers": sum(1 for p in self.peers.values() if p.published and not p.subs),
             "workers": sum(1 for p in self.peers.values() if p.subs),
             "peers": len(self.peers),
+            "peers_listed": len(st["peers"]),  # (at most STATS_PEERS_MAX)
             "frames_in": self.frames_in,
             "frames_out": self.frames_out,
             "loop_max_ms": round(self.loop_max_ms, 3),
