@@ -397,3 +397,27 @@ def test_a_settle_naming_more_bookmarks_than_any_subscription_holds_is_refused_w
     assert st["internal_errors"] == 0
     refused = peer.ask(wire.Ack("s", list(range(limits.ACK_BATCH_MAX))))  # at the cap: answered as before
     assert type(refused) is wire.Refused and refused.reason == "unknown-subscription"
+
+
+def test_a_following_replay_whose_peer_left_without_bye_does_not_end_the_dispatcher(tmp_path):
+    """The dispatcher exited (KeyError in the replayer): a following REPLAY's connection
+    went away without BYE, the next publish on its topic was sent to it, the send found
+    the peer gone and dropped it (and its replay), and the replayer deleted it again."""
+    server = ServerProcess(tmp_path).start()
+    try:
+        for round_no in range(3):
+            raw = raw_dealer(server.endpoint)
+            raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "follower")))
+            raw.send(wire.encode(wire.Replay(1, "r", "news", 0, follow=True)))
+            with zq.Publisher(server.endpoint) as p:
+                p.publish("news", b"seen")
+                wait_until(lambda: raw.poll(100), what="the follower's first delivery")
+                raw.close(0)  # gone, no BYE
+                for i in range(20):
+                    p.publish("news", b"after %d" % i)
+            assert server.proc is not None and server.proc.poll() is None, f"the dispatcher exited (round {round_no})"
+        with zq.connect(server.endpoint) as c:
+            assert c.stats()["queues"]["news"]["published"] == 63
+    finally:
+        err = server.terminate()
+    assert "Traceback" not in err, err[-3000:]

@@ -56,9 +56,10 @@ class HeldConfirmations:
 
     def release_replicated(self, upto: int, send: Send) -> None:
         """Send those whose last bookmark is below ``upto`` (synced on enough standbys)."""
-        heap = self.replicated
-        while heap and heap[0][0] <= upto:
-            _, _, peer_id, frame = heapq.heappop(heap)
+        # (self.replicated is read again each time: a send that finds its peer gone drops
+        # the peer, and drop_peer replaces the heap)
+        while self.replicated and self.replicated[0][0] <= upto:
+            _, _, peer_id, frame = heapq.heappop(self.replicated)
             self._forget(peer_id)
             send(peer_id, frame)
 
@@ -76,7 +77,7 @@ class HeldConfirmations:
             return
         drained = [name for name in self.flow if not still_blocked(name)]
         for name in drained:
-            for peer_id, frame, names in self.flow.pop(name):
+            for peer_id, frame, names in self.flow.pop(name, ()):  # (a send may have dropped a peer's)
                 other = next((n for n in names if n != name and still_blocked(n)), None)
                 if other is not None:
                     self.flow.setdefault(other, []).append((peer_id, frame, names))
@@ -104,11 +105,11 @@ class HeldConfirmations:
                 del self.flow[name]
 
     def _forget(self, peer_id: bytes) -> None:
-        left = self.per_peer[peer_id] - 1
+        left = self.per_peer.get(peer_id, 0) - 1
         if left > 0:
             self.per_peer[peer_id] = left
         else:
-            del self.per_peer[peer_id]
+            self.per_peer.pop(peer_id, None)
 
     def peers(self) -> Iterable[bytes]:
         return self.per_peer.keys()

@@ -164,7 +164,7 @@ class Replayer:
             for i in range(0, n, limits.DELIVER_BATCH_MAX):
                 part = raws[i : i + limits.DELIVER_BATCH_MAX]
                 if not send(r.peer_id, wire.encode(wire.DeliverRaw(r.sub, part, [0] * len(part)))):
-                    del self.replays[key]  # the peer is gone
+                    self.replays.pop(key, None)  # the peer is gone (its drop_peer may have taken the replay already)
                     break
             else:
                 r.in_flight += n
