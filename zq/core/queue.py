@@ -1834,9 +1834,16 @@ class Queue:
         self.reclaim_seen = ()
         self.dirty = True
 
-    def remove_subscription(self, sub: Subscription, now_ms: int = -1) -> None:
+    def detach(self, gone: set[Subscription]) -> None:
+        """Take several subscriptions out of ``subs`` in one pass (a session ending with
+        a thousand claims on a queue of 100,000 once scanned the list a thousand times);
+        each then goes through ``remove_subscription(..., detached=True)``."""
+        self.subs = [s for s in self.subs if s not in gone]
+
+    def remove_subscription(self, sub: Subscription, now_ms: int = -1, detached: bool = False) -> None:
         """Break every lease the subscription holds; its messages return in order."""
-        self.subs.remove(sub)
+        if not detached:
+            self.subs.remove(sub)
         if sub.match is not None:
             self.filtered -= 1
         if sub.reclaimable:
