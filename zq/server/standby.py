@@ -29,6 +29,7 @@ retention has passed starts over from a snapshot of the leader's journal
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -49,6 +50,7 @@ from zq.server.router import Router
 from zq.wire.records import array_header_size
 
 log = logging.getLogger("zq.standby")
+_monitors = itertools.count(1)
 
 SNAPSHOT_WAIT_S = 600.0  # for the leader to copy its journal
 SNAPSHOT_CHUNK = 4 << 20  # bytes asked for per snapshot-read (the leader's limit)
@@ -228,6 +230,7 @@ class Standby:
         self.batch = batch
         self.ctx = context or zmq.Context.instance()
         self.sock: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None  # the PAIR the socket's monitor reports to (dropped())
         self.req = 0
         self.stopping = threading.Event()
         self.tables_seen = -1  # the leader's count of table changes at the last copy of its tables
@@ -388,14 +391,22 @@ class Standby:
 
     def connect(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
+        self.sock = sock  # (from here on reset() closes it, and its monitor, whatever fails below)
         apply_client_curve(sock, self.curve)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
         # A leader whose process died closed the connection: know it now, not after a
         # request's timeout (in a cluster, this node then stops naming it to clients).
-        sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # The monitor has its own address (pyzmq's is made of the socket's descriptor,
+        # which a new socket can reuse while the old one is still bound) and no receive
+        # limit: libzmq's I/O thread blocks on a full monitor, and every socket with it.
+        address = f"inproc://zq-standby-monitor-{os.getpid()}-{next(_monitors)}"
+        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        mon = self.monitor = self.ctx.socket(zmq.PAIR)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.connect(address)
+        sock.connect(self.endpoint)
         sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, f"zq standby {self.node}".strip())))
-        self.sock = sock
         welcome = self.expect(lambda m: type(m) is wire.Welcome)
         if type(welcome) is wire.Welcome:
             self.state.leader_heartbeat_s = welcome.heartbeat_ms / 1000
@@ -444,9 +455,8 @@ class Standby:
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         poller = zmq.Poller()  # the socket, and its monitor: a dropped connection is known at once
         poller.register(self.sock, zmq.POLLIN)
-        mon = getattr(self.sock, "_monitor_socket", None)
-        if mon is not None:
-            poller.register(mon, zmq.POLLIN)
+        if self.monitor is not None:
+            poller.register(self.monitor, zmq.POLLIN)
         while True:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(int(min(left, 0.1) * 1000))) if left > 0 else {}
@@ -467,21 +477,25 @@ class Standby:
             # heartbeats and anything else: the session is alive
 
     def dropped(self) -> bool:
-        mon = getattr(self.sock, "_monitor_socket", None)
-        if mon is None:
+        if self.monitor is None:
             return False
         try:
-            mon.recv_multipart(zmq.NOBLOCK)
+            self.monitor.recv_multipart(zmq.NOBLOCK)
             return True
         except zmq.Again:
             return False
 
     def reset(self) -> None:
+        """Close the session's socket and its monitor (switched off first: libzmq would
+        otherwise block on an event for a PAIR that is gone)."""
         if self.sock is not None:
-            mon = getattr(self.sock, "_monitor_socket", None)
-            if mon is not None:
-                self.sock.disable_monitor()
-                mon.close(0)
+            if self.monitor is not None:
+                try:
+                    self.sock.monitor(None, 0)
+                except zmq.ZMQError:
+                    pass
+                self.monitor.close(0)
+                self.monitor = None
             self.sock.close(0)
             self.sock = None
 
