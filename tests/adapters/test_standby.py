@@ -512,3 +512,29 @@ def test_snapshots_dropped_while_copying_still_count_until_their_files_are_gone(
         journal.env = real_env  # type: ignore[assignment]
         snaps.close()
         journal.close()
+
+
+def test_a_cluster_standby_keeps_at_most_held_bytes_max_of_clients_frames(tmp_path):
+    """Frames kept while no leader is known are bounded in bytes too: 10,000 frames of up
+    to 64 MiB each were once all kept."""
+    from zq import wire
+    from zq.server.standby import HELD_BYTES_MAX, NotLeader
+
+    from .support import raw_dealer
+
+    endpoint = f"ipc://{tmp_path}/n.sock"
+    responder = NotLeader([endpoint], "", wait_for_leader=True, heartbeat_ms=200)
+    raw = raw_dealer(endpoint)
+    big = wire.encode(wire.Publish(1, "jobs", [(b"x" * (8 << 20), {}, None)]))
+    n = HELD_BYTES_MAX // len(big) + 3
+    try:
+        for _ in range(n):
+            raw.send(big, copy=False)
+        wait_until(lambda: responder.dropped == 3 and len(responder.held) == n - 3, timeout=20,
+                   what="the frames past the byte budget counted as dropped")
+        assert responder.held_bytes <= HELD_BYTES_MAX
+        router, held = responder.hand_over()
+        assert len(held) == n - 3 and responder.held_bytes == 0
+        router.close()
+    finally:
+        raw.close(0)

@@ -81,6 +81,7 @@ class StandbyState:
 
 
 HELD_FRAMES_MAX = 10_000  # frames a cluster standby keeps while no leader is known (beyond: dropped)
+HELD_BYTES_MAX = 64 << 20  # ... and their bytes (a frame may be 64 MiB: 10,000 of them would be 640 GiB)
 
 
 def key_of(frame: zmq.Frame) -> str | None:
@@ -126,7 +127,8 @@ class NotLeader:
         self.wait_for_leader = wait_for_leader
         self.heartbeat_s = heartbeat_ms / 1000
         self.held: list[tuple[bytes, bytes, str | None]] = []  # (peer, frame, its key) kept while no leader is vouched for
-        self.dropped = 0  # frames not kept (over HELD_FRAMES_MAX)
+        self.held_bytes = 0
+        self.dropped = 0  # frames not kept (over HELD_FRAMES_MAX or HELD_BYTES_MAX)
         self.stopping = threading.Event()
         self.answered = 0
         self.thread = threading.Thread(target=self.run, name="zq-standby-not-leader", daemon=True)
@@ -159,7 +161,7 @@ class NotLeader:
         while not self.stopping.is_set():
             vouched = self.vouched()
             if vouched and self.held:
-                held, self.held = self.held, []
+                held, self.held, self.held_bytes = self.held, [], 0
                 for peer, frame, _ in held:
                     self.answer(peer, frame)
             elif not vouched and self.held and time.monotonic() >= next_beat:
@@ -179,8 +181,9 @@ class NotLeader:
                 self.answer(peer, body)
             elif body == wire.HEARTBEAT_FRAME:
                 continue  # (nothing to keep: it only says the client is there)
-            elif len(self.held) < HELD_FRAMES_MAX:
+            elif len(self.held) < HELD_FRAMES_MAX and self.held_bytes + len(body) <= HELD_BYTES_MAX:
                 self.held.append((peer, body, key_of(frames[1])))
+                self.held_bytes += len(body)
             else:
                 self.dropped += 1
 
@@ -201,6 +204,7 @@ class NotLeader:
             return True
         except zmq.ZMQError:  # gone, or not reading: nothing to tell it (and nothing more to keep)
             self.held = [h for h in self.held if h[0] != peer]
+            self.held_bytes = sum(len(h[1]) for h in self.held)
             return False
 
     def hand_over(self) -> tuple[Router, list[tuple[bytes, bytes, str | None]]]:
@@ -208,7 +212,7 @@ class NotLeader:
         in the order they came, to the caller."""
         self.stopping.set()
         self.thread.join(5)
-        held, self.held = self.held, []
+        held, self.held, self.held_bytes = self.held, [], 0
         return self.router, held
 
     def close(self) -> None:
