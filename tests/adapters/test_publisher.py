@@ -251,3 +251,33 @@ def test_a_timed_get_returns_when_a_signal_handler_runs_past_its_deadline(tmp_pa
         print(done.stdout.strip())
     finally:
         server.terminate()
+
+
+def test_a_flush_that_races_the_end_of_its_session_returns_at_once(tmp_path):
+    """A close found the session alive, the I/O thread then ended it and answered every
+    flush waiting (none yet), and the close's own waiter, added just after, waited out
+    its 5 s (CI saw a close take exactly 5.00 s). The race is forced here: the session
+    ends between the check and the append."""
+    import collections
+
+    from .support import wait_until
+
+    server = ServerProcess(tmp_path).start()
+    c = zq.connect(server.endpoint, connect_timeout=20)
+    try:
+        assert c._serving
+
+        class SessionEndsFirst(collections.deque):
+            def append(self, fut):  # type: ignore[no-untyped-def]
+                server.kill()
+                wait_until(lambda: not c._serving, timeout=10, what="the I/O thread ending the session")
+                super().append(fut)
+
+        c._flush_waiters = SessionEndsFirst(c._flush_waiters)
+        t = time.monotonic()
+        c._flush_and_wait(5.0)
+        assert time.monotonic() - t < 2.0
+    finally:
+        t = time.monotonic()
+        c.close()
+        assert time.monotonic() - t < 2.0

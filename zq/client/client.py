@@ -516,6 +516,15 @@ class Client:
             return
         fut: Future = Future()
         self._flush_waiters.append(fut)
+        if not self._serving or not self._thread.is_alive():
+            # The session ended between the check above and the append: the I/O thread
+            # may have answered every waiter already (it clears _serving, then answers
+            # them), and nobody would answer this one (a close waited out its 5 s).
+            try:
+                self._flush_waiters.remove(fut)
+            except ValueError:
+                pass
+            return
         self._wake()
         try:
             fut.result(timeout)

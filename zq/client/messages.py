@@ -429,8 +429,17 @@ class Subscription(MessageStream):
         self.inbox.put(None)
         if self.client._serving:  # (else no session holds it: none will open it again, once it is gone from _subs)
             try:
-                self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), timeout=5)
-            except (ZqError, TimeoutError):
+                answer = self.client._request(lambda req: wire.Unsubscribe(req, self.sub_id), wait=False)
+                # Waited for while the session lasts: one lost meanwhile answers nothing (its
+                # request would wait for the next WELCOME), and ends the subscription anyway.
+                deadline = time.monotonic() + 5
+                while self.client._serving and time.monotonic() < deadline:
+                    try:
+                        answer.result(0.05)
+                        break
+                    except TimeoutError:
+                        continue
+            except ZqError:
                 pass
         self.client._subs.pop(self.sub_id, None)
 
