@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from zq.core.errors import LimitError
 
@@ -110,6 +110,3 @@ class HeldConfirmations:
             self.per_peer[peer_id] = left
         else:
             self.per_peer.pop(peer_id, None)
-
-    def peers(self) -> Iterable[bytes]:
-        return self.per_peer.keys()

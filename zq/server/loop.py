@@ -569,13 +569,13 @@ class Server(Commands, Stats):
                     raise NotEntitledError("this client's key is no longer allowed")
                 self.entitled(peer, cmd, user)
                 self.asking = peer
-            queues_before = len(self.engine.queues)
+            queues_before = len(self.engine.queues) if secured else 0  # (only a key's frames are counted)
             HANDLERS[type(cmd)](self, peer_id, peer, cmd, now)
             if secured and type(cmd) is wire.Hello:
                 fresh = self.peers.get(peer_id)
                 if fresh is not None:
                     fresh.key = user  # the session's key: every later frame must carry it
-            elif peer is not None and peer.key is not None and len(self.engine.queues) > queues_before:
+            elif secured and peer is not None and peer.key is not None and len(self.engine.queues) > queues_before:
                 self.quotas.created(peer, len(self.engine.queues) - queues_before)
         except ZqError as exc:
             self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
