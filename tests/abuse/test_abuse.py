@@ -38,8 +38,9 @@ def harness_ran(r: dict) -> None:
 
 
 OPEN = {  # patterns that break the rule today, each a known, open part of #32 §3 (strict: a fix flips it)
-    "non-reader": "OPEN (#32 §3): bytes queued to a peer that never reads are bounded only by libzmq's "
-                  "1,000 frames per peer, not by bytes: 12 RANGE answers grow the server by ~360 MiB",
+    "big-frames": "OPEN (#32 §3): frames a peer sends wait in libzmq bounded by its receive high-water mark "
+                  "in frames (1,000 per peer), not bytes: 3 publish frames of 48 MiB grow the server by ~290 MiB "
+                  "and hold the loop ~0.7 s",
 }
 
 

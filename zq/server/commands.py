@@ -407,7 +407,13 @@ class Commands:
         return self.security is not None or not self.config.replicas_ack
 
     def on_range(self, peer_id: bytes, peer: Peer, cmd: wire.Range, now: int) -> None:
+        if peer.ranges_waiting >= limits.RANGES_WAITING_PER_CONNECTION:
+            # Its answers are counted against server.max_unread only once sent: without this,
+            # a burst of RANGEs all answered before any is read would pass the limit.
+            raise LimitError(f"{peer.ranges_waiting} RANGE requests of this connection are still being answered "
+                             f"(at most {limits.RANGES_WAITING_PER_CONNECTION}): read their answers first")
         self.ranges.forward(peer_id, cmd)  # the reader thread answers (zq.server.ranges)
+        peer.ranges_waiting += 1
 
     def on_replay(self, peer_id: bytes, peer: Peer, cmd: wire.Replay, now: int) -> None:
         check_sub_id(cmd.sub)

@@ -23,6 +23,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -34,7 +35,7 @@ from zq.core import limits
 from zq.core import records as R
 from zq.core.effects import Revoke
 from zq.core.engine import Engine
-from zq.core.errors import ConfigError, JournalError, NotEntitledError, ProtocolError, ZqError
+from zq.core.errors import ConfigError, JournalError, LimitError, NotEntitledError, ProtocolError, ZqError
 from zq.journal.integrity import JournalDamaged
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.journal.salvage import recover
@@ -42,6 +43,7 @@ from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.held import HeldConfirmations
 from zq.server.quotas import KeyQuotas
 from zq.server.local import LinkClosedError, LocalLink
+from zq.server.outflow import PULL_COMMANDS, Outflow, frames_of
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
@@ -62,6 +64,8 @@ RECEIVE_BUDGET_S = 0.03  # stop reading after this long (plus one frame): what w
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
+_SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): zq.server.outflow
+PAUSED_POLL_MS = 10  # while deliveries wait for a peer to read, how often the loop looks
 RETENTION_INTERVAL_MS = 10_000
 JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tried again
 JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is called "disk full"
@@ -171,6 +175,10 @@ class Server(Commands, Stats):
         self.pending_rights: Rights | None = None  # the key's rights, from the HELLO frame being handled
         self.pending_key: str | None = None  # ... and the key (None: no key, an in-process link)
         self.quotas = KeyQuotas()  # what one key may hold of what all share
+        # Bytes sent to each peer that it has not read, bounded (zq.server.outflow); the
+        # peers whose deliveries wait for them to read.
+        self.outflow = Outflow(config.max_unread_bytes)
+        self.paused_peers: set[bytes] = set()
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -275,6 +283,8 @@ class Server(Commands, Stats):
             deadline = min(deadline, self.journal_retry_ms)
         elif self.replayer.busy() or self.bulk_actions:
             return 0
+        if self.paused_peers:  # (the socket does not say when a peer has read: look again soon)
+            deadline = min(deadline, now + PAUSED_POLL_MS)
         return max(0, min(deadline - now, 1000))
 
     def iteration(self, poll: bool = True) -> None:
@@ -328,7 +338,9 @@ class Server(Commands, Stats):
         if self.bulk_actions:
             self.run_bulk(now)
         for peer_id, frame in self.ranges.answers():
-            if peer_id in self.peers:  # its session ended meanwhile: the id may be someone else's now
+            peer = self.peers.get(peer_id)
+            if peer is not None:  # (its session ended meanwhile: dropped)
+                peer.ranges_waiting = max(0, peer.ranges_waiting - 1)
                 self.send(peer_id, frame)
         t2 = clock()
         self.engine.advance(now)
@@ -349,8 +361,10 @@ class Server(Commands, Stats):
             self.cluster.tick(self.peers, now, self.engine.next_seq)
         if self.confirmations.replicated:
             self.release_replicated()
+        if self.paused_peers:
+            self.resume_paused(now)
         if self.journal_down is None:
-            self.replayer.pump(self.send)
+            self.replayer.pump(self.send, self.not_reading)
         t6 = clock()
         if now >= self.next_heartbeat_ms:
             self.heartbeat(now)
@@ -454,7 +468,7 @@ class Server(Commands, Stats):
                 keep: list[tuple[bytes, bytes, bool]] = []
                 for peer_id, frame, durable in held:
                     if not durable:
-                        self.send(peer_id, frame)  # answers that promise nothing leave now
+                        self.send(peer_id, frame, counted=True)  # answers that promise nothing leave now
                     elif frame[1:9] == CONFIRM_TAG:  # a publisher is told now, not after its timeout
                         req = wire.server_decoder.decode(frame).req  # type: ignore[union-attr]
                         self.send(peer_id, wire.encode(wire.Error(req, JournalError.code, (
@@ -473,7 +487,7 @@ class Server(Commands, Stats):
         deferred, self.deferred = self.deferred, []
         for held, deliveries in deferred:
             for peer_id, frame, _ in held:
-                self.send(peer_id, frame)
+                self.send(peer_id, frame, counted=True)
             if self.confirmations.flow:
                 self.release_flow_held()
             for d in deliveries:
@@ -484,7 +498,7 @@ class Server(Commands, Stats):
                 claim = self.claims.pop(d.sub_id, None)
                 if claim is not None:  # the claim's answer follows its DELIVER frames
                     self.engine.end_claim(d.sub_id)
-                    self.send(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
+                    self.send_after_deliveries(claim[0], wire.encode(wire.Reply(claim[1], {"count": len(d.seqs)})))
 
     def is_urgent(self, records: list) -> bool:
         """Must this commit reach the disk before anything is sent (durability fsync)?"""
@@ -512,6 +526,7 @@ class Server(Commands, Stats):
             except zmq.Again:
                 return
             user = None
+            fd = -1
             if not sock.getsockopt(_RCVMORE):
                 body = b""
             elif self.security is not None:
@@ -520,8 +535,16 @@ class Server(Commands, Stats):
                 frame = sock.recv(copy=False)
                 body, key = frame.bytes, frame.get("User-Id")
                 user = key if isinstance(key, str) else None
+                known = self.peers.get(peer_id)
+                if known is None or known.fd == -1:
+                    fd = frame_fd(frame)
             else:
-                body = sock.recv()
+                known = self.peers.get(peer_id)
+                if known is None or known.fd == -1:  # its connection not learnt yet (zq.server.outflow)
+                    frame = sock.recv(copy=False)
+                    body, fd = frame.bytes, frame_fd(frame)
+                else:
+                    body = sock.recv()
             extra = 0
             while sock.getsockopt(_RCVMORE):
                 sock.recv()
@@ -531,6 +554,10 @@ class Server(Commands, Stats):
                 self.reply(peer_id, wire.Error(0, ProtocolError.code, f"expected one body frame, got {extra + 1}"))
                 continue
             self.receive(peer_id, body, now, user)
+            if fd != -1:
+                peer = self.peers.get(peer_id)
+                if peer is not None and peer.fd == -1:
+                    self.outflow.attach(peer, fd)
 
     def receive(self, peer_id: bytes, body: bytes, now: int, user: str | None = None, trusted: bool = False) -> None:
         """Handle one frame. ``trusted``: from an in-process session (the embedding
@@ -560,6 +587,8 @@ class Server(Commands, Stats):
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
+            if type(cmd) in PULL_COMMANDS and peer is not None and not trusted:
+                self.check_unread(peer)
             if secured:
                 if type(cmd) is wire.Hello and not self.security.allowed(user):  # type: ignore[union-attr]
                     # Connected before its key left the allowlist: no new session for it.
@@ -724,9 +753,14 @@ class Server(Commands, Stats):
             self.internal_errors += 1
             log.error("could not encode %s: %s", type(msg).__name__, exc)
             frame = wire.encode(wire.Error(getattr(msg, "req", 0), INTERNAL, f"answer not encodable: {exc}"))
+        peer = self.peers.get(peer_id)
+        if peer is not None:
+            peer.out_bytes += len(frame)  # counted now: the next request sees what this one will send
         self.held.append((peer_id, frame, durable))
 
-    def send(self, peer_id: bytes, frame: bytes | zmq.Frame) -> bool:
+    def send(self, peer_id: bytes, frame: bytes | zmq.Frame, counted: bool = False) -> bool:
+        """Send one frame to ``peer_id`` now. ``counted``: a reply, whose bytes ``reply``
+        already added to the peer's unread count (zq.server.outflow)."""
         if self.links:
             link = self.links.get(peer_id)
             if link is not None:
@@ -736,6 +770,10 @@ class Server(Commands, Stats):
         if self.stepping_locally:  # only the loop thread touches the socket
             self.outbox.append((peer_id, frame if isinstance(frame, bytes) else frame.bytes))
             return True
+        if not counted:
+            peer = self.peers.get(peer_id)
+            if peer is not None:
+                peer.out_bytes += len(frame)
         try:
             self.sock.send(peer_id, _MORE_NOBLOCK)
             self.sock.send(frame, _NOBLOCK)
@@ -758,34 +796,121 @@ class Server(Commands, Stats):
         if peer is None:
             return  # its session ended: its leases end with it (never sent to whoever has the id now)
         peer_id = peer.peer_id
-        deliveries = d.deliveries
-        try:
-            raws = self.journal.get_raw(d.seqs)
-        except JournalDamaged:  # damaged on disk since recovery checked it: send the others, say which
-            raws, deliveries = self.sound_raws(d.seqs, d.deliveries)
-        batch = limits.DELIVER_BATCH_MAX
-        for i in range(0, len(raws), batch):
-            frame = wire.encode(wire.DeliverRaw(sub, raws[i : i + batch], deliveries[i : i + batch]))
-            if not self.send(peer_id, frame):
-                return
+        if peer.paused is not None or (peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer)):
+            self.pause(peer, d)  # it has not read what it was sent: these wait, as bookmarks
+            return
+        self.send_deliveries(peer_id, d)
 
-    def sound_raws(self, seqs: list[int], deliveries: list[int]) -> tuple[list[msgspec.Raw], list[int]]:
+    def send_deliveries(self, peer_id: bytes, d, resumed: bool = False) -> None:  # type: ignore[no-untyped-def]
+        """DELIVER frames of at most DELIVER_BATCH_MAX records and about DELIVER_FRAME_BYTES;
+        between frames, if the peer has stopped reading, the rest waits (``pause``)."""
+        seqs, deliveries = d.seqs, d.deliveries
+        sub = d.sub_id.partition("/")[2]
+        try:
+            raws = self.journal.get_raw(seqs)
+        except JournalDamaged:  # damaged on disk since recovery checked it: send the others, say which
+            seqs, raws, deliveries = self.sound_raws(seqs, deliveries)
+        peer = self.peers.get(peer_id)
+        limit = self.outflow.limit
+        i = 0
+        for part in frames_of(raws):
+            if i and peer is not None and peer.out_bytes - peer.cleared > limit and self.outflow.over(peer):
+                self.pause(peer, Held(d.sub_id, seqs[i:], deliveries[i:]), first=resumed)
+                return
+            if not self.send(peer_id, wire.encode(wire.DeliverRaw(sub, part, deliveries[i : i + len(part)]))):
+                return
+            i += len(part)
+
+    def sound_raws(self, seqs: list[int], deliveries: list[int]) -> tuple[list[int], list[msgspec.Raw], list[int]]:
         """The records of ``seqs`` that are sound; the damaged ones are logged (their
         leases run out, and the queue's limits dead-letter them in the end)."""
-        raws, counts = [], []
+        kept, raws, counts = [], [], []
         for seq, n in zip(seqs, deliveries):
             try:
                 raws += self.journal.get_raw([seq])
+                kept.append(seq)
                 counts.append(n)
             except JournalDamaged as exc:
                 log.error("not delivered: %s", exc)
-        return raws, counts
+        return kept, raws, counts
 
     def revoke(self, r: Revoke) -> None:
         consumer, _, sub = r.sub_id.partition("/")
         peer = self.peers.by_label.get(consumer)  # type: ignore[attr-defined]
         if peer is not None:
-            self.send(peer.peer_id, wire.encode(wire.Revoke(sub, r.seqs, r.epochs)))
+            self.send_after_deliveries(peer.peer_id, wire.encode(wire.Revoke(sub, r.seqs, r.epochs)))
+
+    # ------------------------------------------------- peers that do not read
+
+    def check_unread(self, peer: Peer) -> None:
+        """Refuse a request with a big answer while its peer has not read what it was
+        sent (zq.server.outflow): the refusal is a few bytes; the answer could be many."""
+        if peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer):
+            self.outflow.refused += 1
+            waiting = peer.out_bytes - peer.cleared
+            raise LimitError(f"{waiting >> 20} MiB sent to this connection are still unread (server.max_unread: "
+                             f"{self.outflow.limit >> 20} MiB): read them before asking for more")
+
+    def not_reading(self, peer_id: bytes) -> bool:
+        """Is this peer over its unread limit (a replay waits for it)?"""
+        peer = self.peers.get(peer_id)
+        return peer is not None and peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer)
+
+    def pause(self, peer: Peer, d, first: bool = False) -> None:  # type: ignore[no-untyped-def]
+        """Hold a delivery for a peer that is not reading: its bookmarks, not its bytes.
+        ``first``: the rest of one being resumed, which goes before what waits after it."""
+        if peer.paused is None:
+            peer.paused = collections.deque()
+            self.paused_peers.add(peer.peer_id)
+            if not peer.stalled_since:
+                peer.stalled_since = wall_ms()
+        if first:
+            peer.paused.appendleft(d)
+        else:
+            peer.paused.append(d)
+        self.outflow.paused_deliveries += 1
+
+    def send_after_deliveries(self, peer_id: bytes, frame: bytes) -> None:
+        """A frame that must not overtake the peer's deliveries (a revoke, a claim's answer)."""
+        peer = self.peers.get(peer_id)
+        if peer is not None and peer.paused is not None:
+            peer.paused.append(frame)
+        else:
+            self.send(peer_id, frame)
+
+    def resume_paused(self, now: int) -> None:
+        """Send what waits for peers that have read since; cut off the ones that have read
+        nothing for their dead-peer window."""
+        dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
+        for peer_id in list(self.paused_peers):
+            peer = self.peers.get(peer_id)
+            if peer is None or peer.paused is None:
+                self.paused_peers.discard(peer_id)
+                continue
+            waiting = peer.paused
+            while waiting and not self.outflow.over(peer):
+                item = waiting.popleft()
+                if type(item) is bytes:
+                    self.send(peer_id, item)
+                else:
+                    self.send_deliveries(peer_id, item, resumed=True)
+                if peer_id not in self.peers:
+                    break  # dropped while sending
+            if not waiting:
+                peer.paused = None
+                peer.stalled_since = 0
+                self.paused_peers.discard(peer_id)
+            elif not peer.stalled_since:
+                peer.stalled_since = now  # it read some, not all: the window starts again
+            elif now - peer.stalled_since > dead_after:
+                self.cut_off(peer_id, peer, now)
+
+    def cut_off(self, peer_id: bytes, peer: Peer, now: int) -> None:
+        waiting = peer.out_bytes - peer.cleared
+        log.warning("peer %s (%s) read nothing for %d ms with %d MiB unread (server.max_unread %d MiB): cut off",
+                    peer.consumer, peer.name, now - peer.stalled_since, waiting >> 20, self.outflow.limit >> 20)
+        self.outflow.cut(peer)
+        self.drop_peer(peer_id, now)
 
     def heartbeat(self, now: int) -> None:
         self.next_heartbeat_ms = now + self.config.heartbeat_ms
@@ -821,6 +946,9 @@ class Server(Commands, Stats):
                 self.bounds_waiting = [b for b in self.bounds_waiting if b[0] != peer_id]
             if peer.key is not None:
                 self.quotas.closed(peer.key, peer_id)
+            if peer.paused is not None:
+                peer.paused = None
+                self.paused_peers.discard(peer_id)
             if self.snapshots.open:
                 self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)
@@ -858,6 +986,24 @@ class Server(Commands, Stats):
 
 
 LOCAL_ID_BYTES = 264  # an in-process session's id: longer than any ROUTER routing id (1..255 bytes)
+
+
+@dataclass
+class Held:
+    """The part of a delivery that waits for its peer to read (``Dispatcher.pause``)."""
+
+    sub_id: str
+    seqs: list[int]
+    deliveries: list[int]
+
+
+def frame_fd(frame: zmq.Frame) -> int:
+    """The file descriptor of the connection ``frame`` came by; -2 when it has none
+    (inproc://, which libzmq refuses to say)."""
+    try:
+        return int(frame.get(_SRCFD))
+    except zmq.ZMQError:
+        return -2
 
 
 def local_link_id(serial: int) -> bytes:

@@ -32,11 +32,13 @@ from zq.core import records as R
 from zq.core.errors import LimitError, ProtocolError, ResumePointError
 from zq.core.regex import PatternError, compile_pattern
 from zq.core.expr import compile_filter
+from zq.server.outflow import frames_of
 
 REPLAY_READ_MAX = 2048  # records one replay reads per loop iteration
 REPLAYS_PER_PEER_MAX = 64
 REPLAYS_MAX = 1024  # open replays, all connections together
 PUMP_READ_MAX = 16_384  # records all replays together read in one loop iteration (bounds the loop's time)
+PUMP_BYTES_MAX = 4 * 1024 * 1024  # ... and bytes they send (six replays of 128 KiB records once held it 312 ms)
 
 
 @dataclass
@@ -119,9 +121,10 @@ class Replayer:
     def next_seq_bound(self) -> int:
         return self.engine_of().next_seq  # type: ignore[attr-defined]
 
-    def pump(self, send: Callable[[bytes, bytes], bool]) -> None:
+    def pump(self, send: Callable[[bytes, bytes], bool], not_reading: Callable[[bytes], bool] = lambda _: False) -> None:
         """Read and send what each replay has room for (called after the commit, when
-        every record below the engine's ``next_seq`` is in the journal)."""
+        every record below the engine's ``next_seq`` is in the journal). A replay whose
+        peer has not read what it was sent (``not_reading``) waits (zq.server.outflow)."""
         if not self.replays:
             return
         decode = R.message_decoder.decode
@@ -129,6 +132,7 @@ class Replayer:
         items = list(self.replays.items())
         self.turn = (self.turn + 1) % len(items)
         budget = PUMP_READ_MAX  # shared, starting at a different replay each time: none starves
+        bytes_left = PUMP_BYTES_MAX
         for key, r in items[self.turn:] + items[: self.turn]:
             if r.end is not None and r.cursor >= r.end:  # from "now" or a future bookmark, without follow
                 del self.replays[key]
@@ -138,7 +142,9 @@ class Replayer:
             stop = journal_end if r.end is None else min(r.end, journal_end)
             if room <= 0 or r.cursor >= stop:
                 continue
-            if budget <= 0:
+            if not_reading(r.peer_id):
+                continue
+            if budget <= 0 or bytes_left <= 0:
                 break
             raws: list[msgspec.Raw] = []
             want = min(REPLAY_READ_MAX, max(room * 4, 64), budget)
@@ -155,14 +161,14 @@ class Replayer:
                 if r.match is not None and not r.match(m.headers, m.payload, m.topic):
                     continue
                 raws.append(msgspec.Raw(raw))
-                if len(raws) >= room:
-                    full = True
+                bytes_left -= len(raw)
+                if len(raws) >= room or bytes_left <= 0:
+                    full = True  # (the rest is read next time, from the cursor)
                     break
             if not full and (len(rows) < want or (rows and rows[-1][0] >= stop)):
                 r.cursor = stop  # read everything there is up to the stop
             n = len(raws)
-            for i in range(0, n, limits.DELIVER_BATCH_MAX):
-                part = raws[i : i + limits.DELIVER_BATCH_MAX]
+            for part in frames_of(raws):
                 if not send(r.peer_id, wire.encode(wire.DeliverRaw(r.sub, part, [0] * len(part)))):
                     self.replays.pop(key, None)  # the peer is gone (its drop_peer may have taken the replay already)
                     break
@@ -181,3 +187,4 @@ class Replayer:
             if r.in_flight < r.window and r.cursor < stop:
                 return True
         return False
+

@@ -10,6 +10,7 @@ ROUTER routing id: a routing id is what a peer would need to take a session over
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from collections.abc import Iterable
@@ -34,6 +35,17 @@ class Peer:
     key: str | None = None  # with security on: the client key (ZAP User-Id) the session was opened with
     bounds_waiting: int = 0  # its BOUNDS waiting for the journal to grow (a standby has one)
     label: str = field(default_factory=lambda: os.urandom(8).hex())  # the session's public name
+    # What waits here for it to read (zq.server.outflow): bytes handed to libzmq, bytes
+    # its host acknowledged (TCP_INFO, less acked_base), its connection's descriptor
+    # (-1: not learnt yet; -2: not TCP) and address, and deliveries held while it reads.
+    out_bytes: int = 0
+    cleared: int = 0
+    acked_base: int = 0
+    fd: int = -1
+    address: tuple = ()
+    stalled_since: int = 0  # over the unread limit without reading since (ms; 0: not)
+    ranges_waiting: int = 0  # its RANGE requests the reader thread has not answered yet
+    paused: collections.deque | None = None  # deliveries and what follows them, waiting for it to read
 
     @property
     def consumer(self) -> str:

@@ -22,6 +22,7 @@ from zq.server.commands import SERVER_NAME
 from zq.server.config import Config
 from zq.server.held import HeldConfirmations
 from zq.server.quotas import KeyQuotas
+from zq.server.outflow import Outflow
 from zq.server.security import Security
 from zq.server.sessions import Peer, holder_name, peer_of
 
@@ -55,6 +56,8 @@ class Stats:
     endpoints: list[str]
     confirmations: HeldConfirmations
     quotas: KeyQuotas
+    outflow: Outflow
+    paused_peers: set[bytes]
     cluster: LeaderDuty | None
     asking: Peer | None
 
@@ -90,7 +93,7 @@ class Stats:
         # sessions once made every STATS answer megabytes and held the loop for seconds.
         st["peers"] = [
             {"consumer": p.consumer, "name": p.name, "heard_ms_ago": now - p.last_heard_ms,
-             "subscriptions": len(p.subs), "published": p.published}
+             "subscriptions": len(p.subs), "published": p.published, "sent_bytes": p.out_bytes}
             for p in itertools.islice(shown, STATS_PEERS_MAX)
         ]
         st["server"] = {
@@ -112,6 +115,7 @@ class Stats:
             "dispatch_deferred": self.engine.dispatch_deferred,  # dispatches left for the next step at the filter budget
             "internal_errors": self.internal_errors,
             "bulk_actions": len(self.bulk_actions),
+            "unread": {**self.outflow.stats(), "paused_peers": len(self.paused_peers)},  # zq.server.outflow
             "security": ({**self.security.stats(), "quotas": self.quotas.stats()} if self.security is not None
                          else {"on": False}),
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,

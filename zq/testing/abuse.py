@@ -48,7 +48,7 @@ and a verdict: broken).
 ``scale`` is a fraction of the size the outside tester reported (1.0 = 10 x 1,000
 filtered subscriptions and 50 SUB/UNSUB toggles, 10,000 match-all queues, 64 settle
 frames of 65,536 bookmarks back to back, 100,000 claims, 120 RANGE / 120 PEEK / 60
-REPLAY answers to a peer that does not read and 30 publish frames of 48 MiB, 10,000
+REPLAY answers to a peer that does not read, 30 publish frames of 48 MiB, 10,000
 auto-created queues, 10,000 sessions, a 256 MiB journal for the snapshot rounds).
 ``PATTERNS[name].small`` is what the test suite runs, ``.large`` the long run (as
 large as runs in about a minute on a 2-core machine). The machine's load average is
@@ -826,9 +826,9 @@ def abuse_claims(ab: Abuser, scale: float) -> None:
 
 def abuse_non_reader(ab: Abuser, scale: float) -> None:
     """Requests with big answers from a peer that never reads its socket (RCVHWM 1, a
-    4 KiB receive buffer): RANGE, PEEK, REPLAY, STATS; then publish frames of 48 MiB
-    back to back. Each kind on its own connection, closed after it. Last, a following
-    REPLAY whose connection goes away without a BYE, and a publish to its topic."""
+    4 KiB receive buffer): RANGE, PEEK, REPLAY, STATS. Each kind on its own connection,
+    closed after it. Last, a following REPLAY whose connection goes away without a BYE,
+    and a publish to its topic."""
     import zq
 
     ab.phase("setup")
@@ -859,26 +859,6 @@ def abuse_non_reader(ab: Abuser, scale: float) -> None:
         p.close(bye=False)
         ab.peers.remove(p)
         ab.idle(0.5, drain=False)
-    if ab.left() > 2:
-        ab.phase("publish48")
-        n = max(2, round(30 * scale))
-        payload = b"p" * (16 * MIB - 4096)
-        frame = wire.encode(wire.Publish(1, "abuse.pub", [(payload, {}, None)] * 3))
-        p = ab.peer("abuser-pub48")
-        t0 = time.perf_counter()
-        for _ in range(n):
-            p.send(frame, copy=False)
-        ab.figures.update(publish48_frames=n, publish48_frame_mib=round(len(frame) / MIB, 1))
-        end = time.monotonic() + max(0.5, ab.left() - 1)
-        while p.counts.get("Confirm", 0) + p.errors.get("limit", 0) < n and time.monotonic() < end:
-            if p.sock.poll(200):
-                p.drain()  # (every frame carries req 1: CONFIRMs are counted by type)
-            p.beat()
-        confirmed = p.counts.get("Confirm", 0)
-        ab.figures.update(publish48_confirmed=confirmed, publish48_s=round(time.perf_counter() - t0, 3),
-                          publish48_errors=dict(p.errors))
-        p.close()
-        ab.peers.remove(p)
     if ab.left() > 2:
         # The reader that stops reading for good: a following REPLAY, then the connection
         # is gone without a BYE (a crashed follower); then its topic gets a message.
@@ -1097,6 +1077,32 @@ def abuse_control(ab: Abuser, scale: float) -> None:
     ab.hold()
 
 
+def abuse_big_frames(ab: Abuser, scale: float) -> None:
+    """Publish frames of 48 MiB back to back (three 16 MiB messages each, the largest
+    the default allows), as fast as the socket takes them, from one peer."""
+    ab.phase("publish48")
+    if ab.left() > 2:
+        n = max(2, round(30 * scale))
+        payload = b"p" * (16 * MIB - 4096)
+        frame = wire.encode(wire.Publish(1, "abuse.pub", [(payload, {}, None)] * 3))
+        p = ab.peer("abuser-pub48")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            p.send(frame, copy=False)
+        ab.figures.update(publish48_frames=n, publish48_frame_mib=round(len(frame) / MIB, 1))
+        end = time.monotonic() + max(0.5, ab.left() - 1)
+        while p.counts.get("Confirm", 0) + p.errors.get("limit", 0) < n and time.monotonic() < end:
+            if p.sock.poll(200):
+                p.drain()  # (every frame carries req 1: CONFIRMs are counted by type)
+            p.beat()
+        confirmed = p.counts.get("Confirm", 0)
+        ab.figures.update(publish48_confirmed=confirmed, publish48_s=round(time.perf_counter() - t0, 3),
+                          publish48_errors=dict(p.errors))
+        p.close()
+        ab.peers.remove(p)
+    ab.hold()
+
+
 # =============================================================== patterns and the harness
 
 
@@ -1119,6 +1125,7 @@ PATTERNS: dict[str, Pattern] = {
     "huge-settle": Pattern(abuse_huge_settle, 0.25, 1.0, 20, 60),
     "claims": Pattern(abuse_claims, 0.1, 1.0, 20, 60),
     "non-reader": Pattern(abuse_non_reader, 0.1, 1.0, 20, 60),
+    "big-frames": Pattern(abuse_big_frames, 0.1, 1.0, 20, 60),
     "auto-create": Pattern(abuse_auto_create, 0.3, 1.0, 20, 60),
     "sessions": Pattern(abuse_sessions, 0.3, 1.0, 20, 60),
     "snapshots": Pattern(abuse_snapshots, 0.125, 1.0, 20, 60, disk="journal/snapshots"),

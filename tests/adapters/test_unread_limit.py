@@ -1,0 +1,169 @@
+"""A peer that does not read cannot make the dispatcher hold its answers (issue 32 §3).
+
+libzmq bounds what waits for one peer in frames (1,000), not bytes; the dispatcher
+bounds it in bytes (``server.max_unread``, zq.server.outflow), measuring what the peer's
+host acknowledged. Real TCP sockets on loopback; the non-readers are bare DEALERs with a
+one-frame receive queue and a tiny kernel buffer, as a hostile peer would set them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+import zq
+from zq import wire
+from zq.server.config import Config
+
+from .support import wait_until
+
+LIMIT = 1 << 20  # server.max_unread at its smallest
+BODY = b"u" * (256 << 10)
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], max_unread_bytes=LIMIT,
+                    heartbeat_ms=200, heartbeat_liveness=3)
+    d = zq.Dispatcher(config).start()
+    yield d
+    d.stop()
+
+
+def non_reader(endpoint: str, name: str) -> zmq.Socket:
+    """HELLO said, WELCOME read; from here on it reads only when the test says so."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(endpoint)
+    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+    assert sock.poll(10_000), "no WELCOME"
+    assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+    return sock
+
+
+def stats(d) -> dict:  # type: ignore[no-untyped-def]
+    with zq.connect(d.inproc) as c:
+        return c.stats()
+
+
+def peer_named(st: dict, name: str) -> dict | None:
+    return next((p for p in st["peers"] if p["name"] == name), None)
+
+
+def test_a_peer_that_asks_and_never_reads_is_refused_past_the_limit_and_served_once_it_reads(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("big", [BODY] * 16)  # 4 MiB: each RANGE answer is about that
+    sock = non_reader(dispatcher.endpoint, "deaf")
+    try:
+        asked = 40
+        for req in range(1, asked + 1):  # 160 MiB of answers, were they all sent
+            sock.send(wire.encode(wire.Range(req, "messages", 0, None, "big")))
+        # At most four are answered at once per connection (counted once sent) ...
+        wait_until(lambda: (peer_named(stats(dispatcher), "deaf") or {}).get("sent_bytes", 0) > LIMIT, timeout=20,
+                   what="the first answers to be sent")
+        # ... and once what it was sent passes the limit unread, it is refused until it reads.
+        for req in range(asked + 1, 2 * asked + 1):
+            sock.send(wire.encode(wire.Range(req, "messages", 0, None, "big")))
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 1, timeout=20,
+                   what="a RANGE refused for the bytes still unread")
+        st = stats(dispatcher)
+        sent = peer_named(st, "deaf")["sent_bytes"]
+        assert sent <= LIMIT + 4 * (4 << 20) + (1 << 20), f"{sent >> 20} MiB sent to a peer that reads nothing"
+        assert st["server"]["unread"]["max_unread_bytes"] == LIMIT
+        # It reads now: every request has an answer, the refused ones an error that says why.
+        answered, refused = 0, []
+        deadline = time.monotonic() + 20
+        while answered + len(refused) < 2 * asked and time.monotonic() < deadline:
+            if not sock.poll(1000):
+                continue
+            msg = wire.server_decoder.decode(sock.recv())
+            if type(msg) is wire.Records:
+                answered += 1
+            elif type(msg) is wire.Error:
+                refused.append(msg)
+        assert answered + len(refused) == 2 * asked, (answered, len(refused))
+        assert 1 <= answered <= 4
+        assert all(e.code == "limit" for e in refused), refused[:2]
+        assert any("unread" in e.message and "max_unread" in e.message for e in refused)
+        assert any("RANGE requests of this connection are still being answered" in e.message for e in refused)
+        # Having read, it is served again.
+        sock.send(wire.encode(wire.Range(2 * asked + 1, "messages", 0, None, "big")))
+        while True:
+            assert sock.poll(10_000), "no answer after reading everything"
+            msg = wire.server_decoder.decode(sock.recv())
+            if type(msg) is not wire.Heartbeat:
+                break
+        assert type(msg) is wire.Records and msg.req == 2 * asked + 1
+    finally:
+        sock.close(0)
+
+
+def test_a_worker_that_stops_reading_is_cut_off_and_its_messages_go_to_one_that_reads(dispatcher):
+    sock = non_reader(dispatcher.endpoint, "stuck")
+    try:
+        sock.send(wire.encode(wire.Subscribe(1, "s", "jobs", 100)))
+        assert sock.poll(10_000)
+        assert type(wire.server_decoder.decode(sock.recv())) is wire.Subscribed
+        with zq.connect(dispatcher.inproc) as c:
+            sent = c.publish_many("jobs", [BODY] * 40)  # 10 MiB, all leased to "stuck" (backlog 100)
+        # Deliveries past the limit wait as bookmarks; it keeps talking (heartbeats, so it is
+        # not silent) but reads nothing for its dead-peer window (600 ms): cut off, its
+        # leases go back.
+
+        def cut_off() -> bool:
+            sock.send(wire.HEARTBEAT_FRAME)
+            return stats(dispatcher)["server"]["unread"]["cut_off_unread"] == 1
+
+        wait_until(cut_off, timeout=20, interval=0.1, what="the worker that reads nothing to be cut off")
+        st = stats(dispatcher)
+        assert st["server"]["unread"]["paused_deliveries"] >= 1
+        assert peer_named(st, "stuck") is None
+        got = []
+        with zq.Worker(dispatcher.endpoint, "jobs", max_backlog=8) as w:
+            while len(got) < len(sent):
+                msg = w.get(timeout=10)
+                assert msg is not None, f"stalled after {len(got)} of {len(sent)}"
+                got.append(msg.bookmark)
+                msg.ack()
+        assert sorted(got) == sorted(sent)
+    finally:
+        sock.close(0)
+
+
+def test_a_worker_that_reads_takes_a_burst_far_over_the_limit_and_is_never_cut_off(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        sent = c.publish_many("burst", [BODY] * 160)  # 40 MiB, forty times the limit
+    got = []
+    with zq.Worker(dispatcher.endpoint, "burst", max_backlog=160) as w:
+        while len(got) < len(sent):
+            msg = w.get(timeout=10)
+            assert msg is not None, f"stalled after {len(got)} of {len(sent)}"
+            assert msg.deliveries == 1
+            got.append(msg.bookmark)
+            msg.ack()
+    assert got == sent
+    unread = stats(dispatcher)["server"]["unread"]
+    assert unread["cut_off_unread"] == 0 and unread["refused_unread"] == 0
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("'512KiB'", "server.max_unread must be 1MiB..64GiB"),
+    ("'65GiB'", "server.max_unread must be 1MiB..64GiB"),
+    ("'-1MiB'", "server.max_unread"),
+    ("64", "server.max_unread"),
+    ("'x' ", "server.max_unread"),
+    ("'" + "9" * 200 + "MiB'", "server.max_unread"),
+])
+def test_a_bad_max_unread_is_refused_naming_the_key(tmp_path, value, words):
+    from zq.core.errors import ConfigError
+
+    path = tmp_path / "zq.toml"
+    path.write_text(f"[server]\nmax_unread = {value}\n")
+    with pytest.raises(ConfigError, match=words):
+        Config.load(path)
+    path.write_text("[server]\nmax_unread = '256MiB'\n")
+    assert Config.load(path).max_unread_bytes == 256 << 20

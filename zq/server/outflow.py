@@ -1,0 +1,189 @@
+"""Bytes sent to a peer that it has not read: bounded per peer, in bytes.
+
+libzmq bounds what waits for one peer by its high-water mark, which counts *frames*
+(1,000), not bytes: a peer that asks for big answers (RANGE, PEEK, STATS, a replay) and
+never reads its socket made the dispatcher hold 12 x 16 MiB answers, then 120 (1.9 GiB),
+and nothing a client says can prove it read anything (bookmarks are guessable).
+
+So the dispatcher asks the kernel. For a TCP peer, ``TCP_INFO``'s ``tcpi_bytes_acked``
+counts the bytes the peer's host has acknowledged: bytes that left this process. The
+bytes zq handed to libzmq for the peer (``Peer.out_bytes``, counted as they are sent)
+minus those is an upper bound of what waits here for it (the acknowledged count
+includes ZMTP framing and heartbeats, so the estimate errs low only by those few bytes
+a frame). The peer's connection is found through the file descriptor libzmq gives with
+each frame it receives (``ZMQ_SRCFD``), checked against the address seen then, since a
+closed connection's descriptor number is soon another's.
+
+What waits is compared with ``server.max_unread`` (64 MiB by default):
+
+* over it, a request whose answer can be large (``PULL_COMMANDS``) is refused with
+  ``limit`` (a small frame) until the peer reads;
+* deliveries to it wait in the dispatcher as bookmarks (``Peer.paused``), not as
+  frames, and leave in order once it reads (the journal holds their bytes anyway);
+* a peer over it that reads nothing for its dead-peer window (heartbeat x liveness)
+  is cut off: its session ends (its leases go back) and its TCP connection is shut
+  down, which makes libzmq drop what it held for it.
+
+Only TCP peers can be measured: in-process links are the host itself, and ``ipc://``
+peers are local users of the machine (documented in docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+
+import msgspec
+
+from zq import wire
+from zq.core import limits
+
+log = logging.getLogger("zq.server")
+
+# Requests whose answers can be megabytes: refused while the peer's unread bytes are over
+# the limit. (Deliveries wait instead; everything else answers in a few bytes.)
+PULL_COMMANDS: frozenset[type] = frozenset({
+    wire.Range, wire.Peek, wire.Stats, wire.Queues, wire.QueryCmd, wire.Replay, wire.Admin, wire.Claim,
+})
+
+_TCP_INFO_BYTES = 232  # struct tcp_info up to and past tcpi_bytes_acked (Linux >= 4.1)
+_BYTES_ACKED_OFFSET = 120  # __u64 tcpi_bytes_acked: 8 one-byte + 24 u32 fields + 2 u64 before it
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+def peer_address(fd: int) -> tuple | None:
+    """The remote address of TCP socket ``fd``, or None if it is not one (ipc, closed)."""
+    try:
+        s = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+            return None
+        return s.getpeername()
+    except OSError:
+        return None
+    finally:
+        s.detach()  # libzmq's descriptor: never closed here
+
+
+def bytes_acked(fd: int, address: tuple) -> int | None:
+    """Bytes the peer at ``address`` acknowledged on ``fd``; None if ``fd`` is no longer
+    that connection (closed, or reused by another) or the kernel cannot say."""
+    if _TCP_INFO is None:
+        return None
+    try:
+        s = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if s.getpeername() != address:
+            return None
+        info = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
+    except OSError:
+        return None
+    finally:
+        s.detach()
+    if len(info) < _BYTES_ACKED_OFFSET + 8:
+        return None  # a kernel before 4.1
+    return int(struct.unpack_from("=Q", info, _BYTES_ACKED_OFFSET)[0])
+
+
+def shut_down(fd: int, address: tuple) -> bool:
+    """Shut the TCP connection down under libzmq, which then drops it (and what it held
+    for it). Only if ``fd`` is still the connection to ``address``."""
+    try:
+        s = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        if s.getpeername() != address:
+            return False
+        s.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.detach()
+
+
+class Outflow:
+    """The per-peer accounting (the counters live on ``Peer``; this holds the rule)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.refused = 0  # requests refused while their peer's unread bytes were over the limit
+        self.paused_deliveries = 0  # delivery batches that waited for their peer to read
+        self.cut_off = 0  # peers cut off for reading nothing while over the limit
+        self.measured = 0  # TCP_INFO reads
+
+    def attach(self, peer, fd: int) -> None:  # type: ignore[no-untyped-def]
+        """Learn ``peer``'s connection from a frame it sent (``ZMQ_SRCFD``)."""
+        if fd < 0:
+            peer.fd = -2  # no descriptor (inproc://): not measured
+            return
+        address = peer_address(fd)
+        if address is None:
+            peer.fd = -2  # not TCP: not measured (ipc:// peers are the machine's own users)
+            return
+        acked = bytes_acked(fd, address)
+        if acked is None:
+            return
+        # A new connection (a first one, or the same routing id come back): what waited on
+        # an earlier one went with it; counting starts from what has been sent so far.
+        peer.fd, peer.address = fd, address
+        peer.cleared = peer.out_bytes
+        peer.acked_base = acked - peer.cleared
+        peer.stalled_since = 0
+
+    def unread(self, peer) -> int:  # type: ignore[no-untyped-def]
+        """An upper bound of the bytes waiting here for ``peer``; measured only when the
+        count alone says it may be over the limit (a system call then)."""
+        waiting = peer.out_bytes - peer.cleared
+        if peer.fd < 0:
+            return 0  # not measured: not a TCP peer, or its connection not learnt yet
+        if waiting <= self.limit:
+            return waiting
+        self.measured += 1
+        acked = bytes_acked(peer.fd, peer.address)
+        if acked is None:
+            peer.fd = -1  # its connection is gone or replaced: learnt again from its next frame
+            return 0
+        cleared = acked - peer.acked_base
+        if cleared > peer.cleared:
+            peer.cleared = cleared
+            peer.stalled_since = 0
+        return peer.out_bytes - peer.cleared
+
+    def over(self, peer) -> bool:  # type: ignore[no-untyped-def]
+        return self.unread(peer) > self.limit
+
+    def cut(self, peer) -> bool:  # type: ignore[no-untyped-def]
+        """Shut ``peer``'s connection down (its session is ended by the caller)."""
+        self.cut_off += 1
+        done = peer.fd >= 0 and shut_down(peer.fd, peer.address)
+        peer.fd = -1
+        return done
+
+    def stats(self) -> dict[str, int]:
+        return {"max_unread_bytes": self.limit, "refused_unread": self.refused,
+                "paused_deliveries": self.paused_deliveries, "cut_off_unread": self.cut_off}
+
+
+def frames_of(raws: list[msgspec.Raw]) -> list[list[msgspec.Raw]]:
+    """Records split into DELIVER frames of at most DELIVER_BATCH_MAX records and about
+    DELIVER_FRAME_BYTES (one bigger record goes alone)."""
+    out: list[list[msgspec.Raw]] = []
+    part: list[msgspec.Raw] = []
+    size = 0
+    for raw in raws:
+        n = len(raw)
+        if part and (len(part) >= limits.DELIVER_BATCH_MAX or size + n > limits.DELIVER_FRAME_BYTES):
+            out.append(part)
+            part, size = [], 0
+        part.append(raw)
+        size += n
+    if part:
+        out.append(part)
+    return out
