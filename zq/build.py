@@ -2,8 +2,10 @@
 
 ``pip install`` compiles ``COMPILED_MODULES`` with mypyc where a C compiler is present
 (``setup.py``), and records a hash of each module's source beside them
-(``zq/_compiled.py``). At import, before any of them loads, ``install`` checks those
-hashes: a compiled module runs only when its ``.py`` is exactly what was compiled.
+(``zq/_compiled.py``); a build that did not compile records why there instead (``zq
+--version`` reports it, and the build printed a warning). At import, before any of
+them loads, ``install`` checks those hashes: a compiled module runs only when its
+``.py`` is exactly what was compiled.
 Otherwise (an edited source in an editable install, ``ZQ_PURE=1``, no record of a
 build) every one of them is loaded from its ``.py``, so an edit can never be silently
 shadowed by a stale ``.so``; an edit says so on stderr, once. The modules are loaded
@@ -66,13 +68,15 @@ def install() -> None:
     if any(m in sys.modules for m in COMPILED_MODULES):
         return  # decided already (or imported some other way): never mix the two
     try:
-        from zq._compiled import SOURCES  # type: ignore[import-not-found]  # written by setup.py
+        from zq import _compiled  # type: ignore[attr-defined]  # written by setup.py
     except ImportError:
-        SOURCES = None
+        _compiled = None
+    SOURCES = getattr(_compiled, "SOURCES", None)
     if os.environ.get("ZQ_PURE", "") not in ("", "0"):
         BUILD, WHY = "interpreted", "ZQ_PURE is set"
-    elif SOURCES is None:
-        BUILD, WHY = "interpreted", "not compiled at install (no C compiler, mypyc missing, or ZQ_PURE=1 then)"
+    elif not SOURCES:  # the build recorded why it installed interpreted (or left no record)
+        BUILD = "interpreted"
+        WHY = getattr(_compiled, "WHY", None) or "not compiled at install (no C compiler, mypyc missing, or ZQ_PURE=1 then)"
     else:
         stale = stale_modules(SOURCES)
         if not stale:
@@ -89,3 +93,4 @@ def describe() -> str:
     if BUILD == "compiled":
         return "core compiled with mypyc"
     return f"core interpreted: {WHY}"
+

@@ -167,7 +167,7 @@ def serve_node(cfg) -> None:  # type: ignore[no-untyped-def]
     try:
         node = Node(cfg)
     except ImportError as exc:
-        raise fail(f"a [cluster] with zookeeper needs kazoo ({exc})") from None
+        raise fail(str(exc)) from None  # (names `pip install 'zq[cluster]'`)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.stop())
     cc = cfg.cluster

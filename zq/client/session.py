@@ -446,8 +446,8 @@ def cluster_endpoints(target: str) -> list[object]:
         from kazoo.client import KazooClient
         from kazoo.exceptions import NoNodeError
         from kazoo.handlers.threading import KazooTimeoutError
-    except ImportError as exc:  # pragma: no cover -- a dependency of zq
-        raise ConnectionLost(f"zk:// addresses need kazoo ({exc})") from None
+    except ImportError:  # kazoo comes with the cluster extra
+        raise ConnectionLost("zk:// addresses need kazoo: pip install 'zq[cluster]'") from None
     zk = KazooClient(hosts=hosts, timeout=5.0)
     try:
         zk.start(timeout=10)

@@ -53,6 +53,17 @@ from zq.core.errors import ZqError
 
 log = logging.getLogger("zq.election")
 
+# kazoo (ZooKeeper's client) is the optional extra zq[cluster]: only a cluster loads it.
+KAZOO_MISSING = "zq's cluster needs kazoo (ZooKeeper's client), which is not installed: pip install 'zq[cluster]'"
+
+
+def require_kazoo() -> None:
+    """Raise a clear ``ModuleNotFoundError`` naming the extra when kazoo is not installed."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        raise ModuleNotFoundError(KAZOO_MISSING, name="kazoo") from None
+
 LEASE_FRACTION = 0.75  # of the session timeout: how long one round trip lets a leader serve
 PROOF_READ_INTERVAL_S = 0.5  # a node's proof is read from ZooKeeper at most this often (a mismatch asks again)
 EPOCH_CHECK_INTERVAL_S = 0.25  # a claimed newer epoch is checked against ZooKeeper at most this often
@@ -92,7 +103,8 @@ class Coordinator:
 
     def __init__(self, hosts: str, path: str, node: str, endpoint: str, session_timeout_ms: int,
                  on_change: Callable[[], None] = lambda: None) -> None:
-        from kazoo.client import KazooClient  # the cluster's one dependency, loaded only by clusters
+        require_kazoo()  # the cluster's one dependency (zq[cluster]), loaded only by clusters
+        from kazoo.client import KazooClient
 
         self.hosts, self.path, self.node, self.endpoint = hosts, path, node, endpoint
         self.registered = False  # our member znode exists (see register)
