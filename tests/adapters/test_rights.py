@@ -184,9 +184,20 @@ def test_a_frame_from_another_key_is_not_handled_under_the_session(secured):
     bookmark, epoch = got.records[0].seq, got.deliveries[0]
     victim.close()  # its connection drops; the session lives until the dead-peer timeout
 
-    attacker = Raw(d.endpoint, keys, "mallory", routing_id=rid)  # a key with no rights, the victim's id
+    # A key with no rights, on the victim's id. libzmq keeps a connection whose chosen id
+    # is still held by one it has not yet seen close unidentified for good (it answers
+    # nothing): a persistent attacker connects again until it is heard.
+    end = time.monotonic() + 10
+    while True:
+        attacker = Raw(d.endpoint, keys, "mallory", routing_id=rid)
+        try:
+            ack = attacker.ask(wire.Ack("s", [bookmark], [epoch], 7), timeout=0.5)
+            break
+        except TimeoutError:
+            attacker.close()
+            if time.monotonic() > end:
+                raise
     try:
-        ack = attacker.ask(wire.Ack("s", [bookmark], [epoch], 7), timeout=10)
         assert type(ack) is wire.Error and ack.code == wire.NO_SESSION, ack  # type: ignore[attr-defined]
         purge = attacker.ask(wire.Admin(8, "purge", {"queue": "tenant-a"}))
         assert type(purge) is wire.Error and purge.code == wire.NO_SESSION, purge  # type: ignore[attr-defined]

@@ -150,6 +150,95 @@ def test_a_worker_that_reads_takes_a_burst_far_over_the_limit_and_is_never_cut_o
     assert unread["cut_off_unread"] == 0 and unread["refused_unread"] == 0
 
 
+def ask_ranges(sock: zmq.Socket, first: int, n: int, target: str = "big") -> None:
+    for req in range(first, first + n):
+        sock.send(wire.encode(wire.Range(req, "messages", 0, None, target)))
+
+
+@pytest.mark.parametrize("restart", ["hello", "bye-hello"])
+def test_a_new_session_on_the_same_connection_starts_from_what_the_last_left_unread(dispatcher, restart):
+    """A second HELLO (or BYE, then HELLO) must not give a connection the limit afresh
+    while libzmq still holds what its last session never read."""
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("big", [BODY] * 16)
+    sock = non_reader(dispatcher.endpoint, "again")
+    try:
+        ask_ranges(sock, 1, 4)
+        wait_until(lambda: (peer_named(stats(dispatcher), "again") or {}).get("sent_bytes", 0) > LIMIT, timeout=20,
+                   what="the first answers to be sent")
+        if restart == "bye-hello":
+            sock.send(wire.encode(wire.Bye()))
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "again")))  # (its WELCOME is not read either)
+        ask_ranges(sock, 5, 4)
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 1, timeout=20,
+                   what="the new session's RANGE refused for the old one's unread bytes")
+        assert peer_named(stats(dispatcher), "again")["sent_bytes"] > LIMIT
+    finally:
+        sock.close(0)
+
+
+def test_a_peer_that_only_asks_and_never_reads_is_cut_off_after_its_dead_peer_window(dispatcher):
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("big", [BODY] * 16)
+    sock = non_reader(dispatcher.endpoint, "asker")
+    try:
+        ask_ranges(sock, 1, 4)
+
+        def cut_off() -> bool:
+            sock.send(wire.encode(wire.Peek(99, "big", 100)))  # keeps asking (and so keeps talking)
+            return stats(dispatcher)["server"]["unread"]["cut_off_unread"] == 1
+
+        wait_until(cut_off, timeout=20, interval=0.1, what="the peer that never reads to be cut off")
+        assert peer_named(stats(dispatcher), "asker") is None
+    finally:
+        sock.close(0)
+
+
+def test_a_decode_error_does_not_echo_a_huge_frame_back(dispatcher):
+    """msgspec's error names an unknown tag in full: a peer with no session, sending 1 MiB
+    tags and never reading, once had each echoed back whole."""
+    import msgspec
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(dispatcher.endpoint)
+    try:
+        sock.send(msgspec.msgpack.encode(["X" * (1 << 20), 1]))
+        assert sock.poll(10_000)
+        err = wire.server_decoder.decode(sock.recv())
+        assert type(err) is wire.Error and err.code == "protocol"
+        assert len(err.message) <= 2100, len(err.message)
+    finally:
+        sock.close(0)
+
+
+def test_threads_sharing_one_client_each_get_their_range(dispatcher):
+    """The dispatcher answers 4 RANGEs of a connection at once; a client's threads wait
+    their turn rather than get ``limit``."""
+    import threading
+
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("big", [BODY] * 16)
+    errors: list[BaseException] = []
+    got: list[int] = []
+    start = threading.Barrier(16)
+    with zq.connect(dispatcher.endpoint) as c:
+        def read() -> None:
+            try:
+                start.wait(10)
+                got.append(len(c.read_range(target="big", timeout=20).blob))
+            except BaseException as exc:  # noqa: BLE001 -- reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:2]
+    assert len(got) == 16 and all(n > 4 << 20 for n in got)
+
+
 @pytest.mark.parametrize(("value", "words"), [
     ("'512KiB'", "server.max_unread must be 1MiB..64GiB"),
     ("'65GiB'", "server.max_unread must be 1MiB..64GiB"),

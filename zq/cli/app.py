@@ -114,6 +114,7 @@ def serve(
     holds damaged records, is refused with one line naming the damage. `zq journal
     repair DIR` keeps everything sound; `zq journal reset DIR` starts anew on purpose."""
     from zq.server import Server
+    from zq.server.memory import return_big_blocks
 
     log_with_time()
     cfg = load_config(config, data, bind, durability)
@@ -126,6 +127,7 @@ def serve(
             cfg.cluster = cluster_config(cfg.cluster_section, cfg.bind, node)
         except ZqError as exc:
             raise fail(f"{config or 'config'}: {exc}", RET_USAGE) from None
+    return_big_blocks()  # (zq.server.memory)
     if cfg.cluster is not None:
         serve_node(cfg)
         return

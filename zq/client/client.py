@@ -123,6 +123,9 @@ class Client:
         self._window = window
         self._unconfirmed = 0  # messages published and not yet confirmed
         self._publish_lock = threading.Lock()
+        # The dispatcher answers at most this many RANGE requests of one connection at
+        # once (``limit`` beyond): threads sharing this client wait their turn here instead.
+        self._range_slots = threading.BoundedSemaphore(limits.RANGES_WAITING_PER_CONNECTION)
         self._window_free = threading.Condition(self._publish_lock)
         self._open_batches: dict[str | tuple[str, int, int], PublishBatch] = {}  # by topic (and delay)
         self._sealed: collections.deque[PublishBatch] = collections.deque()
@@ -385,7 +388,24 @@ class Client:
         """Stored records between two bookmarks (analytics; ``zq.server.ranges``): decode
         ``.blob`` with ``zq.wire.records.decode_messages`` / ``decode_events``; go on from
         ``.next`` until ``.done``."""
-        return self._request(lambda req: wire.Range(req, kind, start, end, target, limit), timeout=timeout)
+        deadline = time.monotonic() + timeout
+        if not self._range_slots.acquire(timeout=timeout):
+            raise TimeoutError(f"no RANGE answer within {timeout}s (this client's other threads held every slot)")
+        try:
+            pause = 0.005
+            while True:
+                left = max(0.001, deadline - time.monotonic())
+                try:
+                    return self._request(lambda req: wire.Range(req, kind, start, end, target, limit), timeout=left)
+                except LimitError as exc:
+                    # "still unread": this connection's earlier answers are on their way (the
+                    # I/O thread reads them): ask again shortly, within the timeout.
+                    if "still unread" not in str(exc) or time.monotonic() + pause > deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+        finally:
+            self._range_slots.release()
 
     def bounds(self, at_ms: int | None = None, timeout: float = 10.0) -> dict:
         """``{"next_seq": n, "seq_at": s}``: every record below ``n`` is committed; ``s``

@@ -39,6 +39,7 @@ UNREAD_BYTES_MAX = 64 * 1024 * 1024 * 1024
 PUBLISH_BATCH_MAX = 4096  # messages in one publish frame
 FRAME_BYTES_MAX = 64 * 1024 * 1024  # transport cap: bigger frames close the connection (libzmq)
 PUBLISH_BATCH_BYTES = 8 * 1024 * 1024  # clients split publish batches at about this many bytes
+FRAME_SLACK_BYTES = 1024 * 1024  # a frame's room beyond its messages (headers of 64 x 4 KiB pairs: 512 KiB)
 ACK_BATCH_MAX = 65_536  # bookmarks in one ack frame
 DELIVER_BATCH_MAX = 256  # messages in one deliver frame
 DELIVER_FRAME_BYTES = 1024 * 1024  # ... and about this many bytes (one message may be more)
@@ -57,3 +58,13 @@ assert KEY_QUEUES_DEFAULT < QUEUES_MAX
 assert len(b"rp:") + TOPIC_BYTES_MAX + len(b".dead") <= 511  # LMDB's largest key
 assert MESSAGE_BYTES_MAX < FRAME_BYTES_MAX // 2  # an oversized message still gets an error reply
 assert DELIVERIES_MAX < 1 << 16
+
+
+def frame_bytes_max(message_bytes: int) -> int:
+    """The largest frame a dispatcher reads (libzmq's MAXMSGSIZE; bigger ones close the
+    connection before a byte is kept): twice what a zq client puts in one frame (a batch
+    of PUBLISH_BATCH_BYTES plus one message), so that a frame up to twice the message
+    limit still gets an error naming it. 33 MiB at the defaults; it was a flat 64 MiB,
+    and three 48 MiB frames (each copied a few times on its way to the journal) grew the
+    server by 290 MiB."""
+    return min(FRAME_BYTES_MAX, 2 * max(message_bytes, PUBLISH_BATCH_BYTES) + FRAME_SLACK_BYTES)

@@ -33,6 +33,7 @@ from zq.journal.lmdb_journal import LmdbJournal
 from zq.server import admin
 from zq.server.config import NODE_NAME_RE, Config
 from zq.server.held import HeldConfirmations
+from zq.server.outflow import Outflow
 from zq.server.quotas import KeyQuotas
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
@@ -90,6 +91,8 @@ class Commands:
     pending_rights: Rights | None
     pending_key: str | None
     quotas: KeyQuotas
+    outflow: Outflow
+    leftovers: dict[bytes, Peer]
     asking: Peer | None  # the remote session whose frame is being handled (what it may be shown)
     replayer: Replayer
     ranges: RangeReader
@@ -147,6 +150,9 @@ class Commands:
         if key is not None and rights is not None:
             self.quotas.check_session(key, rights)
         fresh = self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
+        old = self.leftovers.pop(peer_id, None)
+        if old is not None:
+            self.outflow.inherit(fresh, old)
         if key is not None and rights is not None:
             fresh.rights, fresh.key = rights, key
             self.quotas.opened(key, peer_id)

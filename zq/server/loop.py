@@ -59,12 +59,14 @@ log = logging.getLogger("zq.server")
 
 FRAMES_PER_ITERATION = 1000
 RECEIVE_BUDGET_S = 0.03  # stop reading after this long (plus one frame): what was read is committed and answered first
+RECEIVE_BYTES_BUDGET = 16 * 1024 * 1024  # ... or this many bytes (plus one frame): each is copied a few times until committed
 # Socket flags as plain ints: ``zmq.SNDMORE | zmq.NOBLOCK`` builds an enum member on
 # every call (0.36 us), paid per frame sent.
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): zq.server.outflow
+ERROR_TEXT_MAX = 2000  # characters of an ERROR's text: a decode error once echoed a 40 MiB tag back, unread
 PAUSED_POLL_MS = 10  # while deliveries wait for a peer to read, how often the loop looks
 RETENTION_INTERVAL_MS = 10_000
 JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tried again
@@ -179,6 +181,9 @@ class Server(Commands, Stats):
         # peers whose deliveries wait for them to read.
         self.outflow = Outflow(config.max_unread_bytes)
         self.paused_peers: set[bytes] = set()
+        self.over_peers: set[bytes] = set()  # found over the limit: cut off if they read nothing for long
+        self.leftovers: dict[bytes, Peer] = {}  # ended sessions whose connection still holds unread bytes
+        self.carried: tuple[bytes, bytes, str | None, int] | None = None  # a big frame put off to the next iteration
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
         self.snapshot: dict | None = None
@@ -281,7 +286,7 @@ class Server(Commands, Stats):
             deadline = min(deadline, self.bounds_wake_ms)
         if self.journal_down is not None:
             deadline = min(deadline, self.journal_retry_ms)
-        elif self.replayer.busy() or self.bulk_actions:
+        elif self.replayer.busy() or self.bulk_actions or self.carried is not None:
             return 0
         if self.paused_peers:  # (the socket does not say when a peer has read: look again soon)
             deadline = min(deadline, now + PAUSED_POLL_MS)
@@ -451,7 +456,7 @@ class Server(Commands, Stats):
     def flush_outbox(self) -> None:
         outbox, self.outbox = self.outbox, []
         for peer_id, frame in outbox:
-            self.send(peer_id, frame)
+            self.send(peer_id, frame, counted=True)  # (counted when it was put there)
 
     def commit_and_send(self, now: int) -> None:
         """Commit what is staged; then, and only then, send what waited on it.
@@ -516,10 +521,17 @@ class Server(Commands, Stats):
         sock = self.sock
         budget_end = time.perf_counter() + RECEIVE_BUDGET_S
         clock = time.perf_counter
+        bytes_left = RECEIVE_BYTES_BUDGET
+        taken = 0
+        if self.carried is not None:  # a big frame put off by the last iteration: first now
+            carried, self.carried = self.carried, None
+            bytes_left -= len(carried[1])
+            taken = 1
+            self.take(*carried, now)
         for _ in range(FRAMES_PER_ITERATION):
             # Checked every frame (once every 64: 64 settles of 65,536 bookmarks, ~30 ms
             # each, held everyone else's round trip for seconds).
-            if clock() > budget_end:
+            if clock() > budget_end or bytes_left <= 0:
                 return  # commit and send what we have; the rest is read next iteration
             try:
                 peer_id = sock.recv(_NOBLOCK)
@@ -553,11 +565,22 @@ class Server(Commands, Stats):
             if extra:
                 self.reply(peer_id, wire.Error(0, ProtocolError.code, f"expected one body frame, got {extra + 1}"))
                 continue
-            self.receive(peer_id, body, now, user)
-            if fd != -1:
-                peer = self.peers.get(peer_id)
-                if peer is not None and peer.fd == -1:
-                    self.outflow.attach(peer, fd)
+            if taken and len(body) > bytes_left:
+                # A big frame after others: handled first thing next iteration, so that the
+                # small ones read with it are committed and answered without waiting on it.
+                self.carried = (peer_id, body, user, fd)
+                return
+            bytes_left -= len(body)
+            taken += 1
+            self.take(peer_id, body, user, fd, now)
+
+    def take(self, peer_id: bytes, body: bytes, user: str | None, fd: int, now: int) -> None:
+        """Handle one frame read from the socket; learn its peer's connection if new."""
+        self.receive(peer_id, body, now, user)
+        if fd != -1:
+            peer = self.peers.get(peer_id)
+            if peer is not None and peer.fd == -1:
+                self.outflow.attach(peer, fd)
 
     def receive(self, peer_id: bytes, body: bytes, now: int, user: str | None = None, trusted: bool = False) -> None:
         """Handle one frame. ``trusted``: from an in-process session (the embedding
@@ -565,10 +588,10 @@ class Server(Commands, Stats):
         try:
             cmd = wire.client_decoder.decode(body)
         except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
-            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {exc}"))
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {str(exc)[:ERROR_TEXT_MAX]}"))
             return
         except (msgspec.DecodeError, ValueError) as exc:  # ValueError: a str that is not UTF-8
-            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {exc}"))
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {str(exc)[:ERROR_TEXT_MAX]}"))
             return
         peer = self.peers.get(peer_id)
         secured = self.security is not None and not trusted
@@ -607,7 +630,7 @@ class Server(Commands, Stats):
             elif secured and peer is not None and peer.key is not None and len(self.engine.queues) > queues_before:
                 self.quotas.created(peer, len(self.engine.queues) - queues_before)
         except ZqError as exc:
-            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:2000]))
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), exc.code, str(exc)[:ERROR_TEXT_MAX]))
         except Exception as exc:  # noqa: BLE001 -- the safety net: one peer's frame never ends the dispatcher
             self.internal_errors += 1
             log.exception("internal error handling %s from %s", type(cmd).__name__, peer_id.hex()[:64])
@@ -767,13 +790,13 @@ class Server(Commands, Stats):
                 link.push(frame if isinstance(frame, bytes) else frame.bytes)
                 self.frames_out += 1
                 return True
-        if self.stepping_locally:  # only the loop thread touches the socket
-            self.outbox.append((peer_id, frame if isinstance(frame, bytes) else frame.bytes))
-            return True
         if not counted:
             peer = self.peers.get(peer_id)
             if peer is not None:
                 peer.out_bytes += len(frame)
+        if self.stepping_locally:  # only the loop thread touches the socket
+            self.outbox.append((peer_id, frame if isinstance(frame, bytes) else frame.bytes))
+            return True
         try:
             self.sock.send(peer_id, _MORE_NOBLOCK)
             self.sock.send(frame, _NOBLOCK)
@@ -847,6 +870,7 @@ class Server(Commands, Stats):
         sent (zq.server.outflow): the refusal is a few bytes; the answer could be many."""
         if peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer):
             self.outflow.refused += 1
+            self.note_over(peer)
             waiting = peer.out_bytes - peer.cleared
             raise LimitError(f"{waiting >> 20} MiB sent to this connection are still unread (server.max_unread: "
                              f"{self.outflow.limit >> 20} MiB): read them before asking for more")
@@ -862,13 +886,40 @@ class Server(Commands, Stats):
         if peer.paused is None:
             peer.paused = collections.deque()
             self.paused_peers.add(peer.peer_id)
-            if not peer.stalled_since:
-                peer.stalled_since = wall_ms()
+            self.note_over(peer)
         if first:
             peer.paused.appendleft(d)
         else:
             peer.paused.append(d)
         self.outflow.paused_deliveries += 1
+
+    def note_over(self, peer: Peer) -> None:
+        """``peer`` was found over its unread limit: it is cut off if it stays there,
+        reading nothing, for its dead-peer window (``watch_unread``)."""
+        if not peer.stalled_since:
+            peer.stalled_since = wall_ms()
+        self.over_peers.add(peer.peer_id)
+
+    def watch_unread(self, now: int) -> None:
+        """Every heartbeat: cut off the peers that have read nothing for their dead-peer
+        window while over the limit; forget the ones back under it; and forget the ended
+        sessions whose connection is gone or has read what it held."""
+        dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
+        for peer_id in list(self.over_peers):
+            peer = self.peers.get(peer_id)
+            if peer is None:
+                self.over_peers.discard(peer_id)
+            elif not self.outflow.over(peer):
+                self.over_peers.discard(peer_id)
+                if peer.paused is None:
+                    peer.stalled_since = 0
+            elif not peer.stalled_since:
+                peer.stalled_since = now  # it read some, not enough: the window starts again
+            elif now - peer.stalled_since > dead_after:
+                self.cut_off(peer_id, peer, now)
+        for peer_id, gone in list(self.leftovers.items()):
+            if self.outflow.unread(gone, force=True) <= 0 or gone.fd < 0:
+                del self.leftovers[peer_id]
 
     def send_after_deliveries(self, peer_id: bytes, frame: bytes) -> None:
         """A frame that must not overtake the peer's deliveries (a revoke, a claim's answer)."""
@@ -879,9 +930,8 @@ class Server(Commands, Stats):
             self.send(peer_id, frame)
 
     def resume_paused(self, now: int) -> None:
-        """Send what waits for peers that have read since; cut off the ones that have read
-        nothing for their dead-peer window."""
-        dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
+        """Send what waits for peers that have read since (``watch_unread`` cuts off the
+        ones that do not)."""
         for peer_id in list(self.paused_peers):
             peer = self.peers.get(peer_id)
             if peer is None or peer.paused is None:
@@ -900,10 +950,6 @@ class Server(Commands, Stats):
                 peer.paused = None
                 peer.stalled_since = 0
                 self.paused_peers.discard(peer_id)
-            elif not peer.stalled_since:
-                peer.stalled_since = now  # it read some, not all: the window starts again
-            elif now - peer.stalled_since > dead_after:
-                self.cut_off(peer_id, peer, now)
 
     def cut_off(self, peer_id: bytes, peer: Peer, now: int) -> None:
         waiting = peer.out_bytes - peer.cleared
@@ -927,6 +973,8 @@ class Server(Commands, Stats):
             self.snapshot = self.stats(now)  # read by the metrics thread; replaced, never mutated
         while len(self.samples) > 1 and now - self.samples[0][0] > 5000:
             self.samples.popleft()
+        if self.over_peers or self.leftovers:
+            self.watch_unread(now)
         dead_after = self.config.heartbeat_ms * self.config.heartbeat_liveness
         for peer_id, peer in list(self.peers.items()):
             if now - peer.last_heard_ms > dead_after:
@@ -949,6 +997,13 @@ class Server(Commands, Stats):
             if peer.paused is not None:
                 peer.paused = None
                 self.paused_peers.discard(peer_id)
+            self.over_peers.discard(peer_id)
+            if peer.fd >= 0 and peer.out_bytes > peer.cleared:
+                # Its connection may live on (a BYE, a second HELLO) with what it was sent
+                # still unread: a new session on it starts from these counts (``on_hello``).
+                self.leftovers[peer_id] = peer
+                if len(self.leftovers) > self.config.max_connections:
+                    del self.leftovers[next(iter(self.leftovers))]
             if self.snapshots.open:
                 self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)

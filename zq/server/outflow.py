@@ -137,13 +137,13 @@ class Outflow:
         peer.acked_base = acked - peer.cleared
         peer.stalled_since = 0
 
-    def unread(self, peer) -> int:  # type: ignore[no-untyped-def]
+    def unread(self, peer, force: bool = False) -> int:  # type: ignore[no-untyped-def]
         """An upper bound of the bytes waiting here for ``peer``; measured only when the
-        count alone says it may be over the limit (a system call then)."""
+        count alone says it may be over the limit, or ``force`` (a system call then)."""
         waiting = peer.out_bytes - peer.cleared
         if peer.fd < 0:
             return 0  # not measured: not a TCP peer, or its connection not learnt yet
-        if waiting <= self.limit:
+        if waiting <= self.limit and not force:
             return waiting
         self.measured += 1
         acked = bytes_acked(peer.fd, peer.address)
@@ -158,6 +158,14 @@ class Outflow:
 
     def over(self, peer) -> bool:  # type: ignore[no-untyped-def]
         return self.unread(peer) > self.limit
+
+    @staticmethod
+    def inherit(peer, old) -> None:  # type: ignore[no-untyped-def]
+        """A new session on a connection whose last one left bytes unread (a BYE or a
+        second HELLO, then more requests): it starts from the old counts, else each new
+        session would get the limit afresh while libzmq still holds the old one's."""
+        peer.out_bytes, peer.cleared, peer.acked_base = old.out_bytes, old.cleared, old.acked_base
+        peer.fd, peer.address, peer.ranges_waiting = old.fd, old.address, old.ranges_waiting
 
     def cut(self, peer) -> bool:  # type: ignore[no-untyped-def]
         """Shut ``peer``'s connection down (its session is ended by the caller)."""

@@ -67,7 +67,7 @@ def open_router(config: Config, ctx: zmq.Context) -> Router:
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_ms * config.heartbeat_liveness)
     # Frames up to twice the message limit are read and refused with an error
     # naming the limit; only absurd ones are cut off by libzmq (connection closed).
-    sock.setsockopt(zmq.MAXMSGSIZE, max(limits.FRAME_BYTES_MAX, 2 * config.max_message_bytes))
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.frame_bytes_max(config.max_message_bytes))
     security: Security | None = None
     monitor = None
     if config.security is not None:

@@ -1078,13 +1078,15 @@ def abuse_control(ab: Abuser, scale: float) -> None:
 
 
 def abuse_big_frames(ab: Abuser, scale: float) -> None:
-    """Publish frames of 48 MiB back to back (three 16 MiB messages each, the largest
-    the default allows), as fast as the socket takes them, from one peer."""
+    """Publish frames as big as the dispatcher reads (two 16 MiB messages each, 32 MiB:
+    ``limits.frame_bytes_max`` at the defaults) back to back, as fast as the socket takes
+    them, from one peer. (The outside tester sent 48 MiB frames: beyond today's cap,
+    libzmq closes the connection before keeping a byte.)"""
     ab.phase("publish48")
     if ab.left() > 2:
         n = max(2, round(30 * scale))
         payload = b"p" * (16 * MIB - 4096)
-        frame = wire.encode(wire.Publish(1, "abuse.pub", [(payload, {}, None)] * 3))
+        frame = wire.encode(wire.Publish(1, "abuse.pub", [(payload, {}, None)] * 2))
         p = ab.peer("abuser-pub48")
         t0 = time.perf_counter()
         for _ in range(n):
