@@ -45,14 +45,17 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           env=env(), cwd=ROOT)
 
 
-def raw_session(endpoint: str, name: str = "raw"):  # type: ignore[no-untyped-def]
-    """A bare DEALER that said HELLO and got WELCOME (frames by hand, as a hostile peer)."""
+def raw_session(endpoint: str, name: str = "raw", **options: int):  # type: ignore[no-untyped-def]
+    """A bare DEALER that said HELLO and got WELCOME (frames by hand, as a hostile peer);
+    ``options``: socket options set before it connects (``RCVHWM=1``, ...)."""
     import zmq
 
     from zq import wire
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    for option, value in options.items():
+        sock.setsockopt(getattr(zmq, option), value)
     sock.connect(endpoint)
     sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
     assert sock.poll(10_000), "no WELCOME"

@@ -17,7 +17,7 @@ import zq
 from zq import wire
 from zq.server.config import Config
 
-from .support import wait_until
+from .support import raw_session, wait_until
 
 LIMIT = 1 << 20  # server.max_unread at its smallest
 BODY = b"u" * (256 << 10)
@@ -33,16 +33,9 @@ def dispatcher(tmp_path):
 
 
 def non_reader(endpoint: str, name: str) -> zmq.Socket:
-    """HELLO said, WELCOME read; from here on it reads only when the test says so."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 1)
-    sock.setsockopt(zmq.RCVBUF, 4096)
-    sock.connect(endpoint)
-    sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
-    assert sock.poll(10_000), "no WELCOME"
-    assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
-    return sock
+    """HELLO said, WELCOME read; from here on it reads only when the test says so (a
+    one-frame receive queue, a 4 KiB kernel buffer)."""
+    return raw_session(endpoint, name, RCVHWM=1, RCVBUF=4096)
 
 
 def stats(d) -> dict:  # type: ignore[no-untyped-def]

@@ -30,9 +30,11 @@ peers are local users of the machine (documented in docs/reliability.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Iterator
 
 import msgspec
 
@@ -68,23 +70,38 @@ def peer_address(fd: int) -> tuple | None:
         s.detach()  # libzmq's descriptor: never closed here
 
 
-def bytes_acked(fd: int, address: tuple) -> int | None:
-    """Bytes the peer at ``address`` acknowledged on ``fd``; None if ``fd`` is no longer
-    that connection (closed, or reused by another) or the kernel cannot say."""
-    if _TCP_INFO is None:
-        return None
+@contextlib.contextmanager
+def connection(fd: int, address: tuple) -> Iterator[socket.socket | None]:
+    """libzmq's socket ``fd`` as a Python socket, or None if ``fd`` is no longer the
+    connection to ``address`` (closed, or its number reused by another). Never closed
+    here: it is detached on the way out."""
     try:
         s = socket.socket(fileno=fd)
     except OSError:
-        return None
+        yield None
+        return
     try:
-        if s.getpeername() != address:
-            return None
-        info = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
-    except OSError:
-        return None
+        try:
+            same = s.getpeername() == address
+        except OSError:
+            same = False
+        yield s if same else None
     finally:
         s.detach()
+
+
+def bytes_acked(fd: int, address: tuple) -> int | None:
+    """Bytes the peer at ``address`` acknowledged on ``fd``; None if ``fd`` is no longer
+    that connection or the kernel cannot say."""
+    if _TCP_INFO is None:
+        return None
+    with connection(fd, address) as s:
+        if s is None:
+            return None
+        try:
+            info = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
+        except OSError:
+            return None
     if len(info) < _BYTES_ACKED_OFFSET + 8:
         return None  # a kernel before 4.1
     return int(struct.unpack_from("=Q", info, _BYTES_ACKED_OFFSET)[0])
@@ -93,19 +110,14 @@ def bytes_acked(fd: int, address: tuple) -> int | None:
 def shut_down(fd: int, address: tuple) -> bool:
     """Shut the TCP connection down under libzmq, which then drops it (and what it held
     for it). Only if ``fd`` is still the connection to ``address``."""
-    try:
-        s = socket.socket(fileno=fd)
-    except OSError:
-        return False
-    try:
-        if s.getpeername() != address:
+    with connection(fd, address) as s:
+        if s is None:
             return False
-        s.shutdown(socket.SHUT_RDWR)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False
         return True
-    except OSError:
-        return False
-    finally:
-        s.detach()
 
 
 class Outflow:
