@@ -104,7 +104,13 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
         mon.setsockopt(zmq.RCVHWM, 0)
         mon.connect(address)
         sock.connect(endpoint)
-        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+        try:
+            sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+        except zmq.Again:
+            # No connection to queue it on (a handshake the server refused, e.g. plaintext
+            # to a CurveZMQ dispatcher, drops it): no WELCOME comes, and the caller's wait
+            # for one ends this attempt as it would any unanswered session.
+            pass
     except BaseException:
         close_session_socket(sock)
         raise
