@@ -664,65 +664,70 @@ class Client:
         return False
 
     def _on_frame(self, sock: zmq.Socket, frame: bytes) -> str | None:
+        """One frame from the dispatcher, handled by its type (``FRAME_HANDLERS``, as the
+        server's ``HANDLERS``): "welcome" or "reset" when the session changed, else None."""
         try:
             msg = wire.server_decoder.decode(frame)
         except msgspec.MsgspecError as exc:
             log.error("undecodable frame from the dispatcher: %s", exc)
             return None
+        handler = FRAME_HANDLERS.get(type(msg))
+        return None if handler is None else handler(self, sock, msg)
+
+    def _on_deliver(self, sock: zmq.Socket, msg: wire.DeliverRecords) -> None:
+        sub = self._subs.get(msg.sub)
+        if sub is None:
+            return
+        batch = list(zip(msg.records, msg.deliveries))
+        sub.received += len(batch)
+        if sub.unstarted is not None:
+            sub.unstarted.delivered((r.seq, n) for r, n in batch)
+        if sub.sink is not None:
+            sub.sink([Message(r, n, sub, self.generation) for r, n in batch])
+        else:
+            sub.inbox.put((self.generation, batch))
+
+    def _on_answer(self, sock: zmq.Socket, msg: Any) -> None:
+        """CONFIRM (its bookmarks), REPLY (its data), RECORDS and SUBSCRIBED (themselves)."""
         t = type(msg)
-        if t is wire.DeliverRecords:
-            sub = self._subs.get(msg.sub)
-            if sub is not None:
-                batch = list(zip(msg.records, msg.deliveries))
-                sub.received += len(batch)
-                if sub.unstarted is not None:
-                    sub.unstarted.delivered((r.seq, n) for r, n in batch)
-                if sub.sink is not None:
-                    sub.sink([Message(r, n, sub, self.generation) for r, n in batch])
-                else:
-                    sub.inbox.put((self.generation, batch))
-        elif t is wire.Confirm:
-            self._resolve(msg.req, msg.bookmarks)
-        elif t is wire.Records:
-            self._resolve(msg.req, msg)
-        elif t is wire.End:
-            sub = self._subs.get(msg.sub)
-            if sub is not None:
-                sub.inbox.put(_END)
-        elif t is wire.Heartbeat:
-            pass
-        elif t is wire.Revoke:
-            sub = self._subs.get(msg.sub)
-            if sub is not None:  # (one closed meanwhile: its leases are going back anyway)
-                back = ([], [], list(msg.bookmarks), list(msg.epochs))
-                if sub.unstarted is not None:
-                    back = sub.unstarted.revoke(msg.bookmarks, msg.epochs)
-                sock.send(wire.encode(wire.Release(msg.sub, *back)))
-        elif t is wire.Subscribed:
-            self._resolve(msg.req, msg)
-        elif t is wire.Reply:
-            self._resolve(msg.req, msg.data)
-        elif t is wire.Refused:
-            sub = self._subs.get(msg.sub)
-            if sub is not None:
-                sub.refused += len(msg.bookmarks)
-                if msg.reason == "lost":
-                    sub.lost += len(msg.bookmarks)
-            log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
-        elif t is wire.Error:
-            if session_answer(msg, self.endpoints) == "reset":  # a standby's not-leader, or the session ended
-                return "reset"
-            if msg.req:
-                self._reject(msg.req, error_from(msg.code, msg.message))
-            else:
-                log.error("dispatcher error: %s: %s", msg.code, msg.message)
-        elif t is wire.Welcome:
-            if session_answer(msg, self.endpoints) == "reset":  # a deposed leader
-                return "reset"
-            self.max_message_bytes = msg.max_message_bytes
-            self._on_welcome(sock)
-            return "welcome"
+        self._resolve(msg.req, msg.bookmarks if t is wire.Confirm else msg.data if t is wire.Reply else msg)
+
+    def _on_end(self, sock: zmq.Socket, msg: wire.End) -> None:
+        sub = self._subs.get(msg.sub)
+        if sub is not None:
+            sub.inbox.put(_END)
+
+    def _on_revoke(self, sock: zmq.Socket, msg: wire.Revoke) -> None:
+        sub = self._subs.get(msg.sub)
+        if sub is not None:  # (one closed meanwhile: its leases are going back anyway)
+            back = ([], [], list(msg.bookmarks), list(msg.epochs))
+            if sub.unstarted is not None:
+                back = sub.unstarted.revoke(msg.bookmarks, msg.epochs)
+            sock.send(wire.encode(wire.Release(msg.sub, *back)))
+
+    def _on_refused(self, sock: zmq.Socket, msg: wire.Refused) -> None:
+        sub = self._subs.get(msg.sub)
+        if sub is not None:
+            sub.refused += len(msg.bookmarks)
+            if msg.reason == "lost":
+                sub.lost += len(msg.bookmarks)
+        log.debug("%s refused for %s: %s (%s)", msg.op, msg.sub, msg.bookmarks[:5], msg.reason)
+
+    def _on_error(self, sock: zmq.Socket, msg: wire.Error) -> str | None:
+        if session_answer(msg, self.endpoints) == "reset":  # a standby's not-leader, or the session ended
+            return "reset"
+        if msg.req:
+            self._reject(msg.req, error_from(msg.code, msg.message))
+        else:
+            log.error("dispatcher error: %s: %s", msg.code, msg.message)
         return None
+
+    def _on_welcome_frame(self, sock: zmq.Socket, msg: wire.Welcome) -> str:
+        if session_answer(msg, self.endpoints) == "reset":  # a deposed leader
+            return "reset"
+        self.max_message_bytes = msg.max_message_bytes
+        self._on_welcome(sock)
+        return "welcome"
 
     def _on_welcome(self, sock: zmq.Socket) -> None:
         """A (re)established session: reopen subscriptions, resend unconfirmed work."""
@@ -872,6 +877,21 @@ class Client:
             self._welcome.set_exception(exc)
         while self._flush_waiters:
             self._flush_waiters.popleft().set_exception(exc)
+
+
+# The dispatcher's frames by type (a HEARTBEAT needs nothing: hearing it was the point).
+FRAME_HANDLERS: dict[type, Callable[[Client, zmq.Socket, Any], str | None]] = {
+    wire.DeliverRecords: Client._on_deliver,
+    wire.Confirm: Client._on_answer,
+    wire.Records: Client._on_answer,
+    wire.Subscribed: Client._on_answer,
+    wire.Reply: Client._on_answer,
+    wire.End: Client._on_end,
+    wire.Revoke: Client._on_revoke,
+    wire.Refused: Client._on_refused,
+    wire.Error: Client._on_error,
+    wire.Welcome: Client._on_welcome_frame,
+}
 
 
 def connect(endpoint: str | None = None, **kw: Any) -> Client:
