@@ -236,3 +236,22 @@ def test_replay_of_a_queue_reads_its_topics_from_a_time_and_follows(dispatcher):
             c.publish("orders.eu", b"live")
             assert r.get(5).data == b"live"
             assert r.get(0.2) is None  # "other" is not one of the queue's topics
+
+
+def test_a_claim_asking_to_wait_past_60_s_is_refused_by_the_server_not_cut(dispatcher):
+    """It was cut to 60 s without a word, while other out-of-range arguments are refused."""
+    from zq import wire
+
+    from .support import raw_session
+
+    sock = raw_session(dispatcher.endpoint, "long-poller")
+    try:
+        for wait_ms in (60_001, 2**40, -1):
+            sock.send(wire.encode(wire.Claim(7, "c", "cq", 1, wait_ms, 30_000)))
+            assert sock.poll(10_000)
+            err = wire.server_decoder.decode(sock.recv())
+            while type(err) is wire.Heartbeat:
+                err = wire.server_decoder.decode(sock.recv())
+            assert type(err) is wire.Error and err.code == "protocol" and "0..60000" in err.message, err
+    finally:
+        sock.close(0)

@@ -55,7 +55,7 @@ def test_extend_beyond_range_is_refused_in_the_callers_thread_and_the_client_goe
 
 @pytest.mark.parametrize(("kw", "error"), [
     ({"lease": 10**19}, ValueError), ({"wait": -1}, ValueError), ({"limit": 10**19}, ValueError),
-    ({"lease": "30"}, TypeError),
+    ({"lease": "30"}, TypeError), ({"wait": 60.001}, ValueError), ({"wait": 3600}, ValueError),
 ])
 def test_claim_arguments_out_of_range_are_refused_at_once(client, kw, error):
     with pytest.raises(error):

@@ -421,3 +421,16 @@ def test_a_following_replay_whose_peer_left_without_bye_does_not_end_the_dispatc
     finally:
         err = server.terminate()
     assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:7785", "localhost:7785"])
+def test_a_bind_endpoint_without_its_transport_is_refused_with_the_fix(tmp_path, endpoint):
+    """`zq serve --bind 127.0.0.1:7785` answered only libzmq's "Invalid argument"."""
+    import zmq
+
+    from zq.core.errors import ZqError
+    from zq.server.config import Config
+    from zq.server.router import open_router
+
+    with pytest.raises(ZqError, match=f"write tcp://{endpoint}"):
+        open_router(Config(data=str(tmp_path / "d"), bind=[endpoint]), zmq.Context.instance())

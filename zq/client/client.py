@@ -273,6 +273,8 @@ class Client:
         if not isinstance(limit, int) or not 1 <= limit <= limits.CLAIM_MAX:
             raise ValueError(f"claim limit must be 1..{limits.CLAIM_MAX}, got {limit!r}")
         wait_ms = duration_arg(wait, "claim wait", allow_zero=True)
+        if wait_ms > limits.CLAIM_WAIT_MS_MAX:
+            raise ValueError(f"claim wait must be at most {limits.CLAIM_WAIT_MS_MAX // 1000} s, got {wait!r}")
         lease_ms = duration_arg(lease, "claim lease")
         sub_id = f"claim:{queue}"
         sub = self._subs.get(sub_id)

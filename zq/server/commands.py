@@ -50,7 +50,7 @@ log = logging.getLogger("zq.server")
 
 SERVER_NAME = "zq/0.1.0"
 INTERNAL = "internal"  # error code of the safety net: a bug in zq, reported and survived
-CLAIM_WAIT_MAX_MS = 60_000  # longest long poll a claim may ask for
+CLAIM_WAIT_MAX_MS = limits.CLAIM_WAIT_MS_MAX  # longest long poll a claim may ask for
 BOUNDS_WAIT_MAX_MS = 60_000  # longest a standby's BOUNDS may wait for the journal to grow
 PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
 BOUNDS_WAITING_PER_PEER = 4  # a standby waits with one at a time
@@ -235,7 +235,9 @@ class Commands:
         key = sub_key(peer, cmd.sub)
         if key in self.claims:
             raise ProtocolError(f"claim {cmd.sub!r} already open; wait for its answer")
-        wait_ms = max(0, min(cmd.wait_ms, CLAIM_WAIT_MAX_MS))
+        if not 0 <= cmd.wait_ms <= CLAIM_WAIT_MAX_MS:  # (was cut to 60 s without a word)
+            raise ProtocolError(f"a claim's wait_ms must be 0..{CLAIM_WAIT_MAX_MS}, got {cmd.wait_ms}")
+        wait_ms = cmd.wait_ms
         self.check_queue_room(peer, cmd.queue)
         self.engine.claim(key, cmd.queue, peer.consumer, cmd.limit, cmd.lease_ms, now,
                           destructive=cmd.destructive, filter=cmd.filter, consumer_name=peer.name)

@@ -82,7 +82,8 @@ def open_router(config: Config, ctx: zmq.Context) -> Router:
         sock.close(0)
         if security is not None:
             security.close()
-        raise ZqError(f"cannot bind {ep}: {exc}") from None
+        hint = f" (an endpoint names its transport: write tcp://{ep}, or ipc://PATH)" if "://" not in ep else ""
+        raise ZqError(f"cannot bind {ep}: {exc}{hint}") from None
     if security is None:
         for ep in endpoints:
             if not is_local(ep):
