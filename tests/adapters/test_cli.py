@@ -157,7 +157,8 @@ def test_serve_uses_a_config_with_groups_and_dead_letters(tmp_path):
             dead = c.peek("orders.failed")[0]
         assert dead["headers"]["zq.reason"] == "max-cancels" and dead["data"] == b"o1"
     finally:
-        server.terminate()
+        err = server.terminate()
+    assert "security off (plaintext" in err, err[-2000:]  # said at start, on the serving line
 
 
 def test_demo_runs_a_small_fleet_and_prints_a_summary():

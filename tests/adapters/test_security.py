@@ -67,6 +67,7 @@ def secured(tmp_path_factory):
     finally:
         err = server.terminate()
     assert "Traceback" not in err, err[-3000:]
+    assert "security on (CurveZMQ" in err, err[-3000:]  # said at start, on the serving line
 
 
 def client(secured, name, **kw):  # type: ignore[no-untyped-def]

@@ -261,6 +261,7 @@ def test_with_replicas_ack_a_confirmation_waits_for_a_standby_and_none_is_lost(t
             # A duplicate writes nothing, so no standby position moves for it: confirmed anyway.
             assert c.publish("jobs", b"with an id", msg_id="order-1", timeout=10) == once
         leader.kill()  # at once: whatever was confirmed must be on the standby
+        assert "replicas_ack = 1: every publish is confirmed only once" in leader.proc.stderr.read()  # said at start
         assert "Traceback" not in stop(follower)
         promoted = ServerProcess(tmp_path / "b").start()
         try:

@@ -145,11 +145,21 @@ def serve(
     from zq.build import describe
 
     typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}; "
-               f"{describe()}", err=True)
+               f"{describe()}; {serving_notes(cfg)}", err=True)
+    if cfg.replicas_ack:
+        typer.echo(f"zq: replicas_ack = {cfg.replicas_ack}: every publish is confirmed only once {cfg.replicas_ack} "
+                   "standby(s) (`zq standby`) have it on disk; until one connects, publishers wait", err=True)
     if server.metrics is not None:
         typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()
     typer.echo("zq stopped cleanly", err=True)
+
+
+def serving_notes(cfg) -> str:  # type: ignore[no-untyped-def]
+    """What an operator should know at start about who may connect."""
+    if cfg.security is not None:
+        return "security on (CurveZMQ, allowlisted keys only)"
+    return "security off (plaintext, anyone who reaches the endpoint)"
 
 
 def log_with_time() -> None:
