@@ -93,6 +93,7 @@ class Commands:
     quotas: KeyQuotas
     outflow: Outflow
     leftovers: dict[bytes, Peer]
+    over_peers: set[bytes]
     asking: Peer | None  # the remote session whose frame is being handled (what it may be shown)
     replayer: Replayer
     ranges: RangeReader
@@ -153,6 +154,8 @@ class Commands:
         old = self.leftovers.pop(peer_id, None)
         if old is not None:
             self.outflow.inherit(fresh, old)
+            if fresh.stalled_since:
+                self.over_peers.add(peer_id)  # its dead-peer window goes on
         if key is not None and rights is not None:
             fresh.rights, fresh.key = rights, key
             self.quotas.opened(key, peer_id)

@@ -178,6 +178,7 @@ class Outflow:
         session would get the limit afresh while libzmq still holds the old one's."""
         peer.out_bytes, peer.cleared, peer.acked_base = old.out_bytes, old.cleared, old.acked_base
         peer.fd, peer.address, peer.ranges_waiting = old.fd, old.address, old.ranges_waiting
+        peer.stalled_since = old.stalled_since  # (a HELLO every 0.3 s once kept the window from ever ending)
 
     def cut(self, peer) -> bool:  # type: ignore[no-untyped-def]
         """Shut ``peer``'s connection down (its session is ended by the caller)."""
