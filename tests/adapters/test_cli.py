@@ -124,6 +124,9 @@ def test_filters_queries_claims_and_replay_from_the_command_line(server):
     run = zq("claim", "orders", *ep, "--limit", "5")
     assert run.returncode == 0 and [json.loads(json.loads(x)["data"])["qty"] for x in run.stdout.splitlines()] == [1]
     assert zq("claim", "orders", *ep, "--wait", "0.2").returncode == 1  # nothing left
+    for bad, words in (("--wait", "61"), "claim wait must be at most 60 s"), (("--lease", "0"), "claim lease"):
+        run = zq("claim", "orders", *ep, *bad)
+        assert run.returncode == 2 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
     run = zq("replay", "orders", *ep, "--from", "0")
     assert len(run.stdout.splitlines()) == 3  # the journal still has all three
     first = json.loads(run.stdout.splitlines()[0])["bookmark"]

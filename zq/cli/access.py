@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         with client_for(endpoint) as c:
             try:
                 got = c.claim(queue, limit=limit, wait=wait, lease=lease, destructive=destructive, filter=filter)
-            except ZqError as exc:
+            except (ZqError, ValueError) as exc:  # (ValueError: an argument out of range, said in one line)
                 raise fail(str(exc), RET_USAGE) from None
             for msg in got:
                 typer.echo(message_json(msg))
