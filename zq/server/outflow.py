@@ -195,6 +195,8 @@ class Outflow:
 def frames_of(raws: list[msgspec.Raw]) -> list[list[msgspec.Raw]]:
     """Records split into DELIVER frames of at most DELIVER_BATCH_MAX records and about
     DELIVER_FRAME_BYTES (one bigger record goes alone)."""
+    if len(raws) <= limits.DELIVER_BATCH_MAX and sum(map(len, raws)) <= limits.DELIVER_FRAME_BYTES:
+        return [raws]  # the common case: one frame, without a Python step per record
     out: list[list[msgspec.Raw]] = []
     part: list[msgspec.Raw] = []
     size = 0
