@@ -88,7 +88,8 @@ def test_idle_workers_reclaim_unstarted_work_and_the_checks_ran():
      "ordered-queue-ignores-rank", "fence-ignores-epochs", "explain-misplaces-returned",
      "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews",
      "causes-miss-lease-expiries", "fair-share-ignores-tenants", "reclaim-takes-started-work",
-     "reclaim-never-asks", "reclaims-count-as-deliveries", "poison-let-in", "poison-everything"],
+     "reclaim-never-asks", "reclaims-count-as-deliveries", "poison-let-in", "poison-everything",
+     "redelivery-back-to-the-stuck-holder"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
@@ -149,6 +150,11 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
             self.poison(seq, ValueError("planted"))
 
         monkeypatch.setattr(Queue, "judge", judge)
+    elif bug == "redelivery-back-to-the-stuck-holder":  # an expired or failed delivery: the usual choice
+        original_choose_for = Queue.choose_for
+        monkeypatch.setattr(Queue, "choose_avoiding", lambda self, grp, avoid: self.choose(grp))
+        monkeypatch.setattr(Queue, "choose_for", lambda self, grp, seq, avoid=None: original_choose_for(self, grp, seq))
+        monkeypatch.setattr(Queue, "someone_else_takes", lambda self, sub, seq: False)
     elif bug == "reclaim-never-asks":
         monkeypatch.setattr(Queue, "plan_revokes", lambda self: [])
     elif bug == "reclaims-count-as-deliveries":
@@ -181,6 +187,11 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         except InvariantError:
             caught += 1
     assert caught > 0, f"no seed caught the planted bug {bug!r}"
+
+
+def test_expired_and_failed_work_moves_on_to_other_consumers_and_the_check_ran():
+    sims = [Simulator(seed, 600).run() for seed in range(1, 9)]
+    assert sum(s.moved_on for s in sims) > 20, [s.moved_on for s in sims]
 
 
 def test_poisoned_bodies_are_published_and_set_aside_across_crashes():

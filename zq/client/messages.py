@@ -151,6 +151,16 @@ def cancel_messages(owner: Any, messages: Iterable["Message"], wait: bool, delay
     return owner._settle_wait("cancel", [m for m in messages if m.deliveries], delay_ms=options[0], error=options[1])
 
 
+def count_verdicts(holder: Any, results: dict[int, str]) -> dict[int, str]:
+    """Count a waited-for settle's verdicts as the batched ones are (``refused``,
+    ``lost``) on ``holder``, a subscription or a worker; returns ``results``."""
+    for verdict in results.values():
+        if verdict != "ok":
+            holder.refused += 1
+            if verdict == "lost":
+                holder.lost += 1
+    return results
+
 class Message:
     """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
 
@@ -177,8 +187,11 @@ class Message:
         """Acknowledge. The settle is queued for the wire and this returns at once; with
         ``wait=True`` it waits for the dispatcher's verdict and returns it: ``"ok"``,
         ``"lost"`` (this delivery's lease had ended and the message went, or will go,
-        to someone again: the work was not recorded), ``"done"`` (already settled) or
-        ``"unknown"``. Every settle is fenced by this delivery's count either way."""
+        to someone again: the work was not recorded), ``"dead"`` (its lease had ended
+        and it was dead-lettered since, or dropped or expired: nobody will do it),
+        ``"done"`` (already settled) or ``"unknown"``. Every settle is fenced by this
+        delivery's count either way, and every verdict but ``"ok"`` is counted in the
+        subscription's ``refused`` (``"lost"`` also in ``lost``), batched or waited for."""
         return self._settle("ack", wait)
 
     def cancel(self, *, wait: bool = False, delay: float | None = None, error: str | BaseException | None = None) -> Any:
@@ -376,9 +389,9 @@ class Subscription(MessageStream):
                 answer = self.client._request(lambda req: settle_command(op, self.sub_id, bookmarks, epochs, req,
                                                                          delay_ms, error), timeout=timeout)
             except SessionLost:  # the leases ended with the session
-                return {**results, **{b: "lost" for b in bookmarks}}
+                return count_verdicts(self, {**results, **{b: "lost" for b in bookmarks}})
             results.update(results_by_bookmark(answer, bookmarks))
-        return results
+        return count_verdicts(self, results)
 
     def _settle(self, op: str, msg: Message) -> None:
         """Queue a settle; wake the I/O thread only when it may have to act: on the first

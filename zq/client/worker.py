@@ -40,7 +40,7 @@ import msgspec
 import zmq
 
 from zq import wire
-from zq.client.messages import Message, MessageStream, cancel_messages
+from zq.client.messages import Message, MessageStream, cancel_messages, count_verdicts
 from zq.client.reclaim import Unstarted, reclaim_mode
 from zq.client.session import (
     EVENTS,
@@ -49,9 +49,12 @@ from zq.client.session import (
     CLOSE_LINGER_MS,
     ConnectionLost,
     Endpoints,
+    Lost,
+    RetryLog,
     check_target,
     close_session_socket,
     closing,
+    connect_error,
     error_from,
     open_session,
     results_by_bookmark,
@@ -59,6 +62,8 @@ from zq.client.session import (
     session_answer,
     session_lost,
     settle_command,
+    waiting_on,
+    watch,
 )
 from zq.core.errors import ZqError
 from zq.keys import client_curve
@@ -90,9 +95,17 @@ class Worker(MessageStream):
         key: object = None,
         server_key: object = None,
         reclaimable: bool | str = False,
+        wait_for_dispatcher: bool = True,
     ) -> None:
         """``reclaimable``: as ``zq.Client.subscribe`` (deliveries not started may be
-        taken back for an idle worker; True: taking starts; "explicit": ``msg.start()``)."""
+        taken back for an idle worker; True: taking starts; "explicit": ``msg.start()``).
+
+        ``connect_timeout``: how long the first session may take to be answered, else
+        ``ConnectionLost`` saying why. A worker may start before its dispatcher: a
+        connection refused (nothing listening yet) is tried again until then, said once
+        in the log; ``wait_for_dispatcher=False`` fails within about half a second
+        instead (``zq.client.session.NotListening``). A handshake the dispatcher refuses
+        (keys) fails at once (``HandshakeRefused``)."""
         check_target(endpoint)
         self.reclaimable = reclaim_mode(reclaimable)
         self.unstarted = Unstarted(reclaimable == "explicit") if reclaimable else None
@@ -122,12 +135,19 @@ class Worker(MessageStream):
         self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
         self._poller: Any = None
         self._last_heard = self._last_sent = 0.0
+        self._wait = wait_for_dispatcher
+        self._served = False  # a WELCOME came: from then on, every loss is reconnected
+        self._refused = 0  # sessions refused in a row before the first (NotListening when every endpoint was)
+        self._last_why: str | None = None
+        self._retry_log = RetryLog(log)
         self._open_session()
         deadline = time.monotonic() + connect_timeout
         try:
             while not self.backlog:
                 if time.monotonic() >= deadline:
-                    raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s")
+                    said = self._last_why or waiting_on(watch(self._sock))
+                    why = f" ({said})" if said else ""
+                    raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s{why}")
                 self._pump(deadline)
         except BaseException:
             self.close()
@@ -220,8 +240,17 @@ class Worker(MessageStream):
             self.unstarted.settled((m.bookmark, m.deliveries) for m in messages)
         if wait:
             return self._settle_wait(op, [m for m in messages if m.deliveries])
-        gen = self.generation  # a message of a session that is gone is redelivered anyway
-        self._settles.extend((op, m.bookmark, m.deliveries) for m in messages if m.deliveries and m._generation == gen)
+        gen = self.generation  # a message of a session that is gone is redelivered anyway: not sent, counted lost
+        stale = 0
+        for m in messages:
+            if m.deliveries:
+                if m._generation == gen:
+                    self._settles.append((op, m.bookmark, m.deliveries))
+                else:
+                    stale += 1
+        if stale:
+            self.refused += stale
+            self.lost += stale
         if len(self._settles) * 2 >= max(self.backlog, 1):
             self._flush()
         return None
@@ -237,7 +266,7 @@ class Worker(MessageStream):
         if self.unstarted is not None:
             self.unstarted.settled((m.bookmark, m.deliveries) for m in live)
         if not live:
-            return results
+            return count_verdicts(self, results)
         self._flush()
         req = next(self._reqs)
         bookmarks = [m.bookmark for m in live]
@@ -245,12 +274,12 @@ class Worker(MessageStream):
         deadline = time.monotonic() + timeout
         while req not in self._replies:
             if self.generation != gen:  # the session was lost while waiting: so were these leases
-                return {**results, **{b: "lost" for b in bookmarks}}
+                return count_verdicts(self, {**results, **{b: "lost" for b in bookmarks}})
             if time.monotonic() >= deadline:
                 raise ConnectionLost(f"no verdict on a settle from {self.endpoint} within {timeout}s")
             self._pump(deadline)
         results.update(results_by_bookmark(self._replies.pop(req), bookmarks))  # type: ignore[arg-type]
-        return results
+        return count_verdicts(self, results)
 
     def _start(self, msg: Message) -> bool:
         if msg._generation != self.generation:
@@ -301,8 +330,17 @@ class Worker(MessageStream):
 
     def _lost(self, why: str) -> None:
         """The session is over (``session_lost``, or a send that timed out): a new one,
-        to the next endpoint (or the leader a not-leader named)."""
-        log.warning("zq dispatcher at %s lost (%s): reconnecting", self._endpoints.current, why)
+        to the next endpoint (or the leader a not-leader named), said once per reason.
+        Before the first session, a refused handshake ends the connect (and so do
+        refusals from every endpoint, unless waiting for a dispatcher)."""
+        kind = why.kind if isinstance(why, Lost) else "silent"
+        if not self._served:
+            self._refused = self._refused + 1 if kind == "refused" else 0
+            if kind == "security" or (kind == "refused" and not self._wait and self._endpoints.zookeeper is None
+                                      and self._refused >= len(self._endpoints.all)):
+                raise connect_error(self.endpoint, why)  # type: ignore[arg-type]
+        self._last_why = why
+        self._retry_log.note(self._endpoints.current, why, self._served)
         self._endpoints.failed()
         self._open_session()
 
@@ -342,7 +380,8 @@ class Worker(MessageStream):
                     return
                 if self._sock is not sock:  # lost while answering it (a send that timed out)
                     return
-        why = session_lost(sock, self._last_heard, hb * self.liveness, time.monotonic())
+        why = session_lost(sock, self._last_heard, hb * self.liveness, time.monotonic(),
+                           refused_ends=not self._wait and not self._served)
         if why is not None:
             self._lost(why)
 
@@ -367,6 +406,8 @@ class Worker(MessageStream):
             if session_answer(msg, self._endpoints) == "reset":  # a deposed leader
                 return "reset"
             self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
+            self._served = True
+            self._retry_log.served()
         elif t is wire.Refused:
             self.refused += len(msg.bookmarks)  # type: ignore[attr-defined]
             if msg.reason == "lost":  # type: ignore[attr-defined]

@@ -879,6 +879,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for reason, items in by_reason.items():
             seqs = [it[0] for it in items]
             ds = [it[2] for it in items]
+            if reason != R.REASON_BARRIER:
+                for seq, d in zip(seqs, ds):
+                    if d:
+                        q.remember_dead(seq)
             errors = [q.poison_errors.pop(seq, "") for seq in seqs] if reason == R.REASON_POISON else []
             target = q.settings.dead_letter
             if target and reason not in R.NOT_DEAD_LETTERED:
@@ -1184,6 +1188,10 @@ def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int
     kind = ev.kind
     if kind in (R.ACKED, R.EXPIRED) or (kind == R.LEASED and q.at_most_once):
         done.update(ev.bookmarks)
+        if kind == R.EXPIRED and ev.reason != R.REASON_BARRIER:
+            for seq, d in zip(ev.bookmarks, ev.deliveries):
+                if d:
+                    q.remember_dead(seq)
     elif kind == R.DELAYED:
         delays.update(zip(ev.bookmarks, ev.due_ms))
     elif kind == R.LEASED:

@@ -47,6 +47,7 @@ RECOVERY_POINT_INTERVAL_MS = 1000  # how often queue recovery points are journal
 EXPIRY_SWEEP_INTERVAL_MS = 1000  # how often parked/returned messages are checked for age
 CLAIM_MAX = 4096  # messages one claim may take
 CLAIM_WAIT_MS_MAX = 60_000  # a claim's long poll (longer: refused, in the client and the server)
+DEAD_REMEMBERED = 16_384  # per queue: recently dead-lettered bookmarks a late settle is told about ("dead")
 DISPATCH_MATCHES_PER_STEP = 5_000  # filter evaluations of one engine step (all queues): ~1-6 us each; more waits a step
 VIEW_SCAN_MAX = 10_000  # messages one peek / query reads: 4-6 us each with a filter (a 1 M-frame fuzz saw 25,000 take 100-160 ms)
 BULK_SLICE = 10_000  # messages a bulk operator action (purge, move, ack-filter, redrive) reads per loop iteration

@@ -314,6 +314,16 @@ class Queue:
         self.holding: list[Subscription] = []  # subscriptions whose given-back credit is withheld this step
         self.reclaim_seen: tuple[int, ...] = ()  # the queue's counters at the last decision that found nothing
         self.revoked = self.reclaimed = 0  # deliveries asked back, and given back (stats)
+        # Moving on from a stuck holder: seq -> the consumer whose delivery of it ended by
+        # lease expiry or failure, while it waits to go again. Dispatch prefers anyone else
+        # with credit (``choose_avoiding``); the holder gets it again only when nobody else
+        # can take it. A handler stuck for ten minutes must not burn its message's
+        # deliveries while idle workers wait (SQS and RabbitMQ redeliver to anyone).
+        self.last_holder: dict[int, str] = {}
+        # Recently dead-lettered (or dropped, expired) messages that had been delivered, so
+        # a late settle answers ``dead`` rather than ``done``; bounded, oldest forgotten first.
+        self.dead_recent: set[int] = set()
+        self.dead_order: deque[int] = deque()
 
     # ----------------------------------------------------------------- routing
 
@@ -521,7 +531,11 @@ class Queue:
                     if filtered and self.matches >= budget:
                         self.stop_for_budget()
                         break
-                    sub = self.choose_for(None, seq) if filtered else self.choose(None)
+                    avoid = self.last_holder.get(seq) if self.last_holder else None
+                    if filtered:
+                        sub = self.choose_for(None, seq, avoid)
+                    else:
+                        sub = self.choose(None) if avoid is None else self.choose_avoiding(None, avoid)
                     if sub is None and not (filtered and self.any_credit()):
                         break
                 heapq.heappop(returned)
@@ -572,7 +586,11 @@ class Queue:
                 if filtered and self.matches >= budget:
                     self.stop_for_budget()
                     break
-                sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
+                avoid = self.last_holder.get(seq) if self.last_holder else None
+                if filtered:
+                    sub = self.choose_for(grp, seq, avoid)
+                else:
+                    sub = self.choose(grp) if avoid is None else self.choose_avoiding(grp, avoid)
                 if sub is None:
                     if filtered and self.any_credit():
                         heapq.heappop(ready)
@@ -663,6 +681,32 @@ class Queue:
                 return s
         return None
 
+    def choose_avoiding(self, grp: Group | None, avoid: str) -> Subscription | None:
+        """``choose``, passing over consumer ``avoid`` (whose delivery of the message
+        expired or failed) while anyone else has credit: only then does it go back to them."""
+        if grp is not None and self.owned and grp.owner is not None:
+            return grp.owner
+        subs = self.subs
+        count = len(subs)
+        rr = self.fairness == "round-robin"
+        proportional = self.fairness == "proportional"
+        start = self.rr_next % count if count and rr else 0
+        best = None
+        best_free = 0.0
+        for i in range(count):
+            s = subs[(start + i) % count]
+            free = s.backlog - s.used
+            if free <= 0 or s.consumer == avoid:
+                continue
+            if not proportional:
+                if rr:
+                    self.rr_next = (start + i + 1) % count
+                return s
+            frac = free / s.backlog
+            if frac > best_free:
+                best, best_free = s, frac
+        return best if best is not None else self.choose(grp)
+
     def dispatch_browse(self, budget: int) -> None:
         """browse_only: each subscription walks the messages in order from its own cursor;
         nothing is leased and nothing leaves. Credit bounds what is in flight to it."""
@@ -741,8 +785,9 @@ class Queue:
         self.expired_out.append((b, R.REASON_BARRIER, 0, None))
         return None
 
-    def choose_for(self, grp: Group | None, seq: int) -> Subscription | None:
-        """``choose`` among the subscriptions whose filter matches ``seq``."""
+    def choose_for(self, grp: Group | None, seq: int, avoid: str | None = None) -> Subscription | None:
+        """``choose`` among the subscriptions whose filter matches ``seq`` (consumer
+        ``avoid`` last: see ``choose_avoiding``)."""
         if grp is not None and self.owned and grp.owner is not None:
             owner = grp.owner
             if owner.match is None:
@@ -762,6 +807,8 @@ class Queue:
                 count = len(subs)
                 start = self.rr_next % count
                 order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
+        if avoid is not None:
+            order = [s for s in order if s.consumer != avoid] + [s for s in order if s.consumer == avoid]
         for s in order:
             if s.match is not None:
                 self.matches += 1
@@ -865,6 +912,9 @@ class Queue:
                     self.matches += 1
                     if not sub.match(seq):
                         continue
+                if self.last_holder and self.last_holder.get(seq) == sub.consumer and self.someone_else_takes(sub, seq):
+                    i -= 1  # (its cursor stays here: the other one takes it in this pass)
+                    break
                 gone.add(key)
                 if grp is not None:
                     grp.held = 0
@@ -877,6 +927,17 @@ class Queue:
             if self.matches >= budget:
                 break  # (the subscriptions after it keep their cursors for the next step)
         self.compact_skipped()
+
+    def someone_else_takes(self, sub: Subscription, seq: int) -> bool:
+        """Another consumer than ``sub``'s has credit and a filter that takes ``seq``."""
+        for s in self.subs:
+            if s.consumer != sub.consumer and s.used < s.backlog:
+                if s.match is None:
+                    return True
+                self.matches += 1
+                if s.match(seq):
+                    return True
+        return False
 
     def compact_skipped(self) -> None:
         gone = self.skip_gone
@@ -920,6 +981,8 @@ class Queue:
         lease.seqs.append(seq)
         lease.live += 1
         self.lease_of[seq] = lease
+        if self.last_holder:
+            self.last_holder.pop(seq, None)
         m = self.meta.get(seq)
         if m is None:
             m = (grp.gid << _G_SHIFT) if grp is not None else 0
@@ -1072,6 +1135,8 @@ class Queue:
     def finish(self, seq: int, gid: int) -> None:
         """The message leaves the queue for good."""
         self.meta.pop(seq, None)
+        if self.last_holder:
+            self.last_holder.pop(seq, None)
         if self.delayed:
             self.delayed.pop(seq, None)
         if self.causes:
@@ -1210,9 +1275,14 @@ class Queue:
         costs a dict lookup each): ``lost`` -- the message is still here and has been
         delivered (another delivery is live, or it waits to go again); ``done`` -- it has
         no live delivery count here: finished (acked, expired, dead-lettered), or never
-        delivered by this queue; ``unknown`` -- no such bookmark was ever given out."""
+        delivered by this queue; ``dead`` -- it left this queue unacknowledged after
+        being delivered (dead-lettered, or dropped, expired or replaced), recently
+        (``limits.DEAD_REMEMBERED`` per queue, while the dispatcher runs);
+        ``unknown`` -- no such bookmark was ever given out."""
         if seq in self.meta:
             return "lost"
+        if seq in self.dead_recent:
+            return "dead"
         if 0 < seq < next_seq:
             return "done"
         return "unknown"
@@ -1236,6 +1306,8 @@ class Queue:
         self.meta[seq] = m
         self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)  # the reason of a failure: its error
         over = self.note_cause(seq, R.CANCELLED, sub.consumer, now_ms, error)
+        if error:
+            self.last_holder[seq] = sub.consumer  # failed here: anyone else first (popped if it leaves)
         max_cancels = self.settings.max_cancels
         if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
             self.expire_leased(seq, m, R.REASON_MAX_CANCELS)
@@ -1345,6 +1417,8 @@ class Queue:
         if over:
             self.expire_leased(seq, m, over)
             return
+        if kind == R.LEASE_EXPIRED:
+            self.last_holder[seq] = consumer  # stuck there, maybe: anyone else first
         self.come_back(seq, m, now_ms, -1 if kind == R.LEASE_EXPIRED else 0)
 
     def come_back(self, seq: int, m: int, now_ms: int = -1, delay_ms: int = -1) -> None:
@@ -1463,6 +1537,15 @@ class Queue:
         self.finish(seq, gid)
         self.expired_out.append((seq, reason, m & _D_MASK, name))
         self.expired += 1
+
+    def remember_dead(self, seq: int) -> None:
+        """``seq`` left unacknowledged after a delivery: a late settle answers ``dead``."""
+        if seq in self.dead_recent:
+            return
+        self.dead_recent.add(seq)
+        self.dead_order.append(seq)
+        if len(self.dead_order) > limits.DEAD_REMEMBERED:
+            self.dead_recent.discard(self.dead_order.popleft())
 
     def expire_waiting(self, seq: int, gid: int, reason: str) -> None:
         """Expire a message already taken out of its waiting place."""

@@ -209,6 +209,10 @@ class Simulator:
         self.parked_checks = 0  # steps where a parked group was checked not to block the others
         self.renewals = 0  # the most lease renewals a queue made (max_lease_age at work)
         self.step_no = 0
+        # Moving on: (queue, bookmark) -> the consumer whose delivery of it expired or failed,
+        # until it is delivered again (``check_moving_on``); what a crash forgets, the engine does too.
+        self.last_holder: dict[tuple[str, int], str] = {}
+        self.moved_on = 0  # redeliveries after an expiry or failure that went to someone else
 
     # ------------------------------------------------------------- running
 
@@ -276,6 +280,7 @@ class Simulator:
         for r in out.revokes:
             by_sub[r.sub_id].revokes.append((r.seqs, r.epochs))
         self.check_reclaimed(out)
+        self.check_moving_on(out)
         self.oracle.check(self.engine)
         self.check_delays()
         self.check_explain()
@@ -332,6 +337,45 @@ class Simulator:
                 if len(open_) >= 2:
                     raise InvariantError(f"{q.name}: {[w.sub_id for w in hungry]} idle while {w.sub_id} holds "
                                          f"{len(open_)} unstarted deliveries it could take ({open_[:5]}); none asked back")
+
+    def check_moving_on(self, out: Output) -> None:
+        """A message whose delivery expired or failed goes back to that consumer only when
+        nobody else could take it: when it does, after the drain no other subscription of
+        the queue has credit and a filter that takes it (credit only shrinks during a
+        drain, so one with credit now had it when the message was placed). Exclusive and
+        sequenced groups follow their owner, and claims come and go: both are left out."""
+        for rec in out.records:
+            if type(rec) is not R.Event:
+                continue
+            kind = rec.kind
+            if kind == R.LEASE_EXPIRED or (kind == R.CANCELLED and rec.reason):
+                q = self.engine.queues.get(rec.queue)
+                for seq in rec.bookmarks:
+                    if q is not None and not (q.owned and self.grouped(q, seq)):
+                        self.last_holder[(rec.queue, seq)] = rec.consumer
+            elif kind == R.LEASED:
+                q = self.engine.queues.get(rec.queue)
+                for seq in rec.bookmarks:
+                    prev = self.last_holder.pop((rec.queue, seq), None)
+                    if prev is None or q is None:
+                        continue
+                    if prev != rec.consumer:
+                        self.moved_on += 1
+                        continue
+                    others = [s.sub_id for s in q.subs if s.consumer != prev and not s.pull and s.used < s.backlog
+                              and (s.match is None or s.match(seq))]
+                    if others:
+                        raise InvariantError(f"{rec.queue}: {seq}, expired or failed at {prev}, went back to it "
+                                             f"while {others} had credit for it")
+            elif kind in (R.ACKED, R.EXPIRED, R.RETURNED):
+                for seq in rec.bookmarks:
+                    self.last_holder.pop((rec.queue, seq), None)
+
+    def grouped(self, q: Queue, seq: int) -> bool:
+        """``seq`` belongs to a group of ``q`` (read from the journal: it may be gone from the queue)."""
+        m = self.journal.get_message(seq)
+        header = q.settings.group_header
+        return m is not None and bool(header) and m.headers.get(header) is not None
 
     def check_delays(self) -> None:
         """Retry times are honoured within a tick: nothing still waits for a time that has
@@ -411,6 +455,7 @@ class Simulator:
         if self.dispatch_budget:
             self.engine.dispatch_budget = self.dispatch_budget
         self.oracle.forget_holders()
+        self.last_holder.clear()
         self.workers.clear()  # every connection died with the server
         self.engine.advance(self.now_ms)  # as the server's loop does before its first drain
         out = self.engine.drain(self.now_ms)  # recovery may expire exhausted messages
