@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adapters.support import ServerProcess, env
+from tests.adapters.support import ServerProcess, env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -86,7 +86,8 @@ def test_the_security_section_runs_as_written(tmp_path):
     server.proc = subprocess.Popen(  # not .start(): its readiness probe is a plaintext client, refused here
         [sys.executable, "-m", "zq.cli", "serve", "--data", str(tmp_path / "journal"), "--bind", server.endpoint,
          "--config", str(tmp_path / "zq.toml")], env=env(), stderr=subprocess.PIPE, text=True)
-    try:  # the snippet's connect waits for the dispatcher (up to 10 s)
+    try:  # the snippet connects to a dispatcher that runs: a refused connection fails at once
+        wait_until(lambda: Path(server.endpoint.removeprefix("ipc://")).exists(), what="zq serve to bind")
         done = run_snippet(py[1], tmp_path, server.endpoint)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "'on': True" in done.stdout, done.stdout

@@ -393,7 +393,8 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
                              str(keys["dir"] / "journal"), "--bind", endpoint], env=env(), stderr=subprocess.PIPE,
                             text=True)
     try:
-        with zq.connect(endpoint, key=str(keys["bob"][1]), server_key=str(keys["server"][0])) as c:
+        with zq.connect(endpoint, key=str(keys["bob"][1]), server_key=str(keys["server"][0]),
+                        connect_timeout=20) as c:  # (a timeout given: waits for it to start)
             assert c.publish("jobs", b"first") > 0
             cfg.write_text("not toml at all [")  # a broken file: the rules stay
             os.kill(proc.pid, signal.SIGHUP)

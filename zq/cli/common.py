@@ -28,15 +28,21 @@ def fail(message: str, code: int = RET_ERROR) -> typer.Exit:
 
 
 def client_for(endpoint: str | None, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    """A client of the dispatcher, or exit 3 saying why not: nothing listening there
+    (within about half a second), a handshake it refused (which keys, at once), or no
+    answer within ``timeout`` seconds."""
     from zq.client import Client, ConnectionLost
+    from zq.client.session import HandshakeRefused
 
     ep = endpoint_of(endpoint)
     try:
-        return Client(ep, connect_timeout=timeout)
+        return Client(ep, connect_timeout=timeout, wait_for_dispatcher=False)
     except ValueError as exc:  # an endpoint or a key that cannot be used
         raise fail(str(exc), RET_USAGE) from None
+    except HandshakeRefused as exc:  # it is running: the keys are what to look at
+        raise fail(f"{exc} (keys: --key and --server-key, or ZQ_KEY and ZQ_SERVER_KEY)", RET_CONNECT) from None
     except ConnectionLost as exc:
-        raise fail(f"{exc} (is `zq serve` running? set --endpoint or ZQ_ENDPOINT)", RET_CONNECT) from None
+        raise fail(f"{exc}: is `zq serve` running? set --endpoint or ZQ_ENDPOINT", RET_CONNECT) from None
 
 
 def message_json(msg, not_before_ms: int | None = None) -> str:  # type: ignore[no-untyped-def]

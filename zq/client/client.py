@@ -53,11 +53,15 @@ from zq.client.session import (
     ConnectionLost,
     Endpoints,
     Outgoing,
+    Lost,
+    RetryLog,
     SessionLost,
+    Watch,
     bookmark_arg,
     check_endpoint,
     close_session_socket,
     closing,
+    connect_error,
     delay_fields,
     drain_frames,
     duration_arg,
@@ -68,6 +72,7 @@ from zq.client.session import (
     send_settles,
     session_answer,
     session_lost,
+    waiting_on,
     wire_item,
 )
 from zq.keys import client_curve
@@ -88,15 +93,35 @@ class Client:
         *,
         name: str | None = None,
         context: zmq.Context | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,
         heartbeat_ms: int = 1000,
         liveness: int = 3,
         window: int = 16 * 64,
         key: Any = None,
         server_key: Any = None,
+        wait_for_dispatcher: bool | None = None,
     ) -> None:
         """``key`` / ``server_key``: CurveZMQ keys for a dispatcher with ``[security]``
-        (see ``zq.keys.client_curve``; default ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``)."""
+        (see ``zq.keys.client_curve``; default ``$ZQ_KEY`` / ``$ZQ_SERVER_KEY``).
+
+        ``connect_timeout``: how long the first session may take to be answered
+        (default 10 s), else ``ConnectionLost`` saying why. A handshake the dispatcher
+        refuses (a key it does not allow, keys that do not match, plaintext against
+        CurveZMQ) fails at once: ``zq.client.session.HandshakeRefused``. A connection
+        refused outright (nothing listens there) fails within about half a second
+        (``NotListening``), unless ``wait_for_dispatcher``: then it is tried again
+        until the timeout, for a dispatcher that is still starting. By default it waits
+        when a ``connect_timeout`` is given, and fails fast when none is. Once served,
+        the client reconnects by itself, for as long as it takes."""
+        if wait_for_dispatcher is None:
+            wait_for_dispatcher = connect_timeout is not None
+        if connect_timeout is None:
+            connect_timeout = 10.0
+        self._fail_fast = not wait_for_dispatcher
+        self._retry_log = RetryLog(log)
+        self._why: Lost | None = None  # why the session just ended, if session_lost said
+        self._last_why: Lost | None = None  # ... and the last one that did (a connect timeout's error says it)
+        self._watching: Watch | None = None  # what the current session's monitor said (read by a connect that timed out)
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         where = f"{socket.gethostname()}:{os.getpid()}"
@@ -141,9 +166,14 @@ class Client:
         self._thread.start()
         try:
             self._welcome.result(connect_timeout)
+        except ConnectionLost:  # refused (a handshake, or nothing listening): said by the I/O thread
+            self.close()
+            raise
         except Exception as exc:
             self.close()
-            raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s") from exc
+            said = self._last_why or waiting_on(self._watching)
+            why = f" ({said})" if said else ""
+            raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s{why}") from exc
 
     # ---------------------------------------------------------------- API
 
@@ -557,10 +587,12 @@ class Client:
 
     def _io_main(self) -> None:
         backoff = 0.05
+        refused = 0  # endpoints refused in a row before the first session (see _first_failure)
         sock: zmq.Socket | None = None
         try:
             while not self.closed:
                 sock = self._open_socket()
+                self._why = None
                 lost = self._serve(sock)
                 sock, ended = None, sock
                 close_session_socket(ended, linger=0 if lost else CLOSE_LINGER_MS)  # (its BYE, on a close)
@@ -572,6 +604,15 @@ class Client:
                     for req in list(self._pending):
                         self._reject(req, unanswered)
                 if self.closed or not lost:
+                    break
+                if self._why is not None:
+                    self._last_why = self._why
+                refused = refused + 1 if self._why is not None and self._why.kind == "refused" else 0
+                failure = self._first_failure(refused)
+                if failure is not None:  # the caller's connect raises it; nothing more to try
+                    self._welcome.set_exception(failure)
+                    while not self.closed:
+                        self._pause(1.0)
                     break
                 self.endpoints.failed()
                 self._pause(backoff * (0.5 + random.random()))
@@ -589,6 +630,17 @@ class Client:
                 self._fail_all(ConnectionLost("client closed"))
             if self.closed:
                 self._close_wake_pipe()
+
+    def _first_failure(self, refused: int) -> ConnectionLost | None:
+        """The error that ends the first connect at once, if the last session says one:
+        a security handshake refused, or (failing fast) every endpoint refused in a row."""
+        why = self._why
+        if why is None or self._welcome.done():
+            return None
+        if why.kind == "security" or (why.kind == "refused" and self._fail_fast and refused >= len(self.endpoints.all)
+                                      and self.endpoints.zookeeper is None):
+            return connect_error(self.endpoint, why)
+        return None
 
     def _pause(self, seconds: float) -> None:
         """Wait before the next session; a close ends the wait (other wake-ups do not)."""
@@ -608,7 +660,9 @@ class Client:
         for sub in list(self._subs.values()):
             if sub.unstarted is not None:
                 sub.unstarted.reset()  # the old session's deliveries are redelivered
-        return open_session_socket(self.ctx, self.endpoints.current, self.name, self._curve)  # type: ignore[arg-type]
+        sock = open_session_socket(self.ctx, self.endpoints.current, self.name, self._curve)  # type: ignore[arg-type]
+        self._watching = sock.zq_watch
+        return sock
 
     def _serve(self, sock: zmq.Socket) -> bool:
         """Run one session; True if it was lost (reconnect), False on close."""
@@ -641,6 +695,7 @@ class Client:
                 outcome = self._on_frame(sock, frame)
                 if outcome == "welcome":
                     welcomed = self._serving = True
+                    self._retry_log.served()
                 elif outcome == "reset":
                     return True
             if welcomed:
@@ -649,11 +704,13 @@ class Client:
             if now - last_sent >= hb / 1000:
                 sock.send(wire.HEARTBEAT_FRAME)
                 last_sent = now
-            why = session_lost(sock, last_heard, hb * self.liveness / 1000, now)
+            why = session_lost(sock, last_heard, hb * self.liveness / 1000, now,
+                               refused_ends=self._fail_fast and not self._welcome.done())
             if why is not None:
-                if self._welcome.done():  # a session we had: worth a word
-                    log.warning("zq dispatcher at %s lost (%s): reconnecting", self.endpoints.current, why)
-                else:  # never connected yet: the caller's connect timeout says it, once, in full
+                self._why = why
+                if self._welcome.done():  # a session we had: worth a word (once per reason)
+                    self._retry_log.note(self.endpoints.current, why, True)
+                else:  # never connected yet: the caller's connect says it, once, in full
                     log.debug("no answer yet from %s (%s): trying again", self.endpoints.current, why)
                 return True
         if welcomed:  # closing: what was settled or sent, then BYE, each send given a moment at most

@@ -33,8 +33,10 @@ from zq.client.session import (
     CLOSE_LINGER_MS,
     ConnectionLost,
     Endpoints,
+    Lost,
     check_target,
     close_session_socket,
+    connect_error,
     delay_fields,
     error_from,
     open_session,
@@ -42,6 +44,8 @@ from zq.client.session import (
     session_answer,
     session_dropped,
     session_lost,
+    waiting_on,
+    watch,
     wire_item,
 )
 from zq.core import limits
@@ -63,9 +67,16 @@ class Publisher:
     """
 
     def __init__(self, endpoint: Any, *, name: str | None = None, context: zmq.Context | None = None,
-                 connect_timeout: float = 10.0, window: int = 16, key: object = None,
-                 server_key: object = None, liveness: int = 3) -> None:
+                 connect_timeout: float | None = None, window: int = 16, key: object = None,
+                 server_key: object = None, liveness: int = 3, wait_for_dispatcher: bool | None = None) -> None:
+        """``connect_timeout``, ``wait_for_dispatcher``: as ``zq.Client`` (a refused
+        handshake fails at once; nothing listening fails within about half a second,
+        unless waiting for a dispatcher, by default when a ``connect_timeout`` is given)."""
         check_target(endpoint)
+        if wait_for_dispatcher is None:
+            wait_for_dispatcher = connect_timeout is not None
+        self._fail_fast = not wait_for_dispatcher
+        self._served = False  # a WELCOME came: from then on, a lost session is opened again
         self._curve = client_curve(key, server_key)
         self.endpoint = endpoint
         self._endpoints = Endpoints(endpoint)  # several: a leader and its standbys, one at a time
@@ -83,7 +94,7 @@ class Publisher:
         self._poller: Any = None
         self._last_sent = 0.0
         try:
-            self._open_session(connect_timeout)
+            self._open_session(10.0 if connect_timeout is None else connect_timeout)
         except BaseException:
             self.close()
             raise
@@ -214,14 +225,30 @@ class Publisher:
         dropped) and the next goes to the next endpoint (with one endpoint, the same one,
         on a new connection); a standby's ``not-leader`` sends us to the leader it names."""
         deadline = time.monotonic() + timeout
+        refused = 0  # sessions refused in a row, before the first
+        last: Lost | None = None  # why the last attempt that said was lost (a timeout's error says it)
         while True:
             if time.monotonic() >= deadline:
-                raise ConnectionLost(f"no answer from a zq dispatcher at {self.endpoint} within {timeout:.1f}s")
-            if self._try_session(deadline):
+                said = last or waiting_on(watch(self._sock))
+                said = f" ({said})" if said else ""
+                raise ConnectionLost(f"no answer from a zq dispatcher at {self.endpoint} within {timeout:.1f}s{said}")
+            why = self._try_session(deadline)
+            if why is None:
+                self._served = True
                 return
+            if isinstance(why, Lost):
+                last = why
+            kind = why.kind if isinstance(why, Lost) else ""
+            if not self._served:  # a refused handshake, or every endpoint refused (failing fast), ends it
+                refused = refused + 1 if kind == "refused" else 0
+                if kind == "security" or (kind == "refused" and self._fail_fast and self._endpoints.zookeeper is None
+                                          and refused >= len(self._endpoints.all)):
+                    raise connect_error(self.endpoint, why)  # type: ignore[arg-type]
             self._endpoints.failed()
 
-    def _try_session(self, deadline: float) -> bool:
+    def _try_session(self, deadline: float) -> str | None:
+        """One session: None once welcomed, else why not (a ``Lost`` from
+        ``session_lost``, "reset", or "timeout")."""
         if self._sock is not None:
             sock, self._sock = self._sock, None
             close_session_socket(sock)
@@ -231,8 +258,11 @@ class Publisher:
         self._last_sent = started = time.monotonic()
         while True:
             now = time.monotonic()
-            if now >= deadline or session_lost(sock, started, self._window_s(), now):
-                return False
+            if now >= deadline:
+                return "timeout"
+            why = session_lost(sock, started, self._window_s(), now, refused_ends=self._fail_fast and not self._served)
+            if why is not None:
+                return why
             frame = self._recv(min(deadline - now, self._window_s()))
             if frame is None:
                 continue
@@ -241,9 +271,9 @@ class Publisher:
             if answer == "welcome":
                 self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
                 self.max_message_bytes = msg.max_message_bytes  # type: ignore[attr-defined]
-                return True
+                return None
             if answer == "reset":
-                return False
+                return "reset"
 
 
 class _SessionLost(Exception):

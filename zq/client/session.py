@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import struct
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import NamedTuple
@@ -72,10 +73,104 @@ CLOSE_LINGER_MS = 1000  # a clean close: what was sent last (settles, BYE) may t
 _monitors = itertools.count(1)
 
 
+class NotListening(ConnectionLost):
+    """Nothing listens at the endpoint: its connection was refused outright, again and
+    again (no ``zq serve`` there, or another address), before any session began."""
+
+
+class HandshakeRefused(ConnectionLost):
+    """The connection's security handshake failed (CurveZMQ keys, or none, that do not
+    match the dispatcher's): trying again cannot help until a key or the config changes."""
+
+
+# What the monitor reports: a drop ends a session; the rest says why one never began.
+MONITORED = int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+REFUSED_GRACE = 3  # connects refused in a row (libzmq retries every ~0.1-0.2 s) that mean nothing listens
+UNCLEAR_GRACE = 2  # CurveZMQ handshakes the dispatcher cut short, in a row, that mean its key is another
+
+# Why a connection served nothing, in the words every client uses (``session_lost``).
+NOT_LISTENING = "connection refused: nothing is listening there"
+KEY_REFUSED = "the dispatcher refused this client's key (not in its allowlist)"
+SERVER_KEY_MISMATCH = "the dispatcher's key is not the one given (server_key mismatch)"
+PLAINTEXT_REFUSED = ("the dispatcher requires CurveZMQ security; this client connected in plaintext "
+                     "(give it its key and the dispatcher's: key and server_key, or ZQ_KEY and ZQ_SERVER_KEY)")
+CURVE_REFUSED = ("the dispatcher does not use CurveZMQ security; this client was given keys "
+                 "(key and server_key, or ZQ_KEY and ZQ_SERVER_KEY)")
+
+
+class Lost(str):
+    """Why a session is over (``session_lost``), and of what ``kind``: ``"dropped"``,
+    ``"silent"``, ``"refused"`` (nothing listens: ``NotListening``) or ``"security"``
+    (a handshake refused: ``HandshakeRefused``)."""
+
+    kind = "silent"
+
+    @classmethod
+    def of(cls, kind: str, text: str) -> "Lost":
+        why = cls(text)
+        why.kind = kind
+        return why
+
+
+class Watch:
+    """What a session's monitor has told so far (``watch``)."""
+
+    __slots__ = ("curve", "connected", "failed", "dropped", "refused", "unclear", "refusal")
+
+    def __init__(self, curve: bool) -> None:
+        self.curve = curve  # this client uses CurveZMQ
+        self.connected = False  # a connection was ever made (refusals count only before one)
+        self.failed = False  # the current connection's handshake failed (its drop is no session's)
+        self.dropped = False  # a connection that had served dropped: the session is over
+        self.refused = 0  # connects refused in a row, before any connection
+        self.unclear = 0  # CurveZMQ handshakes cut short by the dispatcher, in a row
+        self.refusal: str | None = None  # a security handshake that failed: why, in words
+
+    def event(self, event: int, value: int) -> None:
+        if event == zmq.EVENT_CONNECTED:
+            self.connected, self.failed = True, False
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.unclear, self.refusal = 0, None
+        elif event == zmq.EVENT_DISCONNECTED:
+            if not self.failed:  # (a handshake that failed said why already)
+                self.dropped = True
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            if not self.connected:
+                self.refused += 1
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # the dispatcher's ZAP handler said no
+            self.failed = True
+            self.refusal = KEY_REFUSED if value == 400 else f"the dispatcher refused this client (ZAP status {value})"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:  # one side CurveZMQ, the other plaintext
+                self.failed = True
+                self.refusal = CURVE_REFUSED if self.curve else PLAINTEXT_REFUSED
+            elif self.curve and value in (zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE):
+                self.failed = True
+                self.refusal = SERVER_KEY_MISMATCH
+            # (any other: its drop ends the session, as a drop)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            # A CurveZMQ dispatcher that cannot read our HELLO (sealed for another server
+            # key) closes the connection without a word: seen as a broken pipe or reset
+            # here, again at each of libzmq's retries. Once could be a dispatcher stopping.
+            # A plaintext client of a CurveZMQ dispatcher sees this first too (a broken
+            # pipe), and the mechanism mismatch only at libzmq's next try on this socket:
+            # the drop is not a session's, so the socket stays for that try.
+            self.failed = True
+            self.unclear += 1
+            if self.curve and self.unclear >= UNCLEAR_GRACE:
+                self.refusal = SERVER_KEY_MISMATCH
+
+
+_MONITOR_EVENT = struct.Struct("=Hi")
+
+
 class SessionSocket(zmq.Socket):
-    """A session's DEALER, and the PAIR its monitor reports to (``session_dropped``)."""
+    """A session's DEALER, and the PAIR its monitor reports to (``watch``)."""
 
     zq_monitor: zmq.Socket | None = None
+    zq_watch: Watch | None = None
 
 
 def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
@@ -93,11 +188,12 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
     sock = ctx.socket(zmq.DEALER, socket_class=SessionSocket)
     try:
         apply_client_curve(sock, curve)
+        sock.zq_watch = Watch(curve is not None)
         sock.setsockopt(zmq.LINGER, 0)  # closing says how long (close_session_socket)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         address = f"inproc://zq-session-monitor-{os.getpid()}-{next(_monitors)}"
-        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        sock.monitor(address, MONITORED)
         mon = ctx.socket(zmq.PAIR)
         sock.zq_monitor = mon  # (before anything else can fail: closed with the socket)
         mon.setsockopt(zmq.LINGER, 0)
@@ -117,24 +213,34 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
     return sock
 
 
+def watch(sock: object) -> Watch | None:
+    """Read what the session's monitor reported since last asked; None for an
+    in-process link. A closed monitor (the context terminated) counts as a drop."""
+    mon = getattr(sock, "zq_monitor", None)
+    state = getattr(sock, "zq_watch", None)
+    if mon is None or state is None:
+        return None
+    while True:
+        try:
+            frames = mon.recv_multipart(NOBLOCK)
+        except zmq.Again:
+            return state
+        except zmq.ZMQError:  # closed under us (the context terminated): nothing more to hear
+            state.dropped = True
+            return state
+        if len(frames) == 2 and len(frames[0]) == 6:  # a u16 event, an i32 value; then the address
+            state.event(*_MONITOR_EVENT.unpack(frames[0]))
+
+
 def session_dropped(sock: object) -> bool:
     """Did the connection under this session drop? A dispatcher whose process died
     closed it (its kernel did), and so does a cluster leader that steps down (it closes
     its socket): waiting out the heartbeats would only delay moving on. A new connection
     would be a new session anyway (the dispatcher knows its peers by connection, and a
-    HELLO it had read is gone with the old one), so a drop ends the session either way."""
-    mon = getattr(sock, "zq_monitor", None)
-    if mon is None:
-        return False  # an in-process link
-    dropped = False
-    while True:
-        try:
-            mon.recv_multipart(NOBLOCK)
-        except zmq.Again:
-            return dropped
-        except zmq.ZMQError:  # closed under us (the context terminated): nothing more to hear
-            return True
-        dropped = True  # (only EVENT_DISCONNECTED is watched)
+    HELLO it had read is gone with the old one), so a drop ends the session either way.
+    A security handshake that failed ends it too (``session_lost`` says which)."""
+    state = watch(sock)
+    return state is not None and (state.dropped or state.refusal is not None)
 
 
 def closing(sock: object) -> None:
@@ -165,18 +271,76 @@ def close_session_socket(sock: object, linger: int = 0) -> None:
         pass
 
 
-def session_lost(sock: object, last_heard: float, window_s: float, now: float) -> str | None:
+def session_lost(sock: object, last_heard: float, window_s: float, now: float,
+                 refused_ends: bool = False) -> Lost | None:
     """Is this session over, and why? The one rule of every client (``zq.Client``'s I/O
-    thread, ``zq.Worker``, ``zq.Publisher``): its connection dropped
-    (``session_dropped``), or nothing came from the dispatcher for ``window_s``
-    (heartbeat × liveness), welcomed or not: a HELLO that a cluster leader stepping down
-    had read is never answered, and libzmq's own reconnection carries no HELLO. Then
-    the client opens a new session (the next endpoint, or the leader a not-leader named)."""
-    if session_dropped(sock):
-        return "its connection dropped"
+    thread, ``zq.Worker``, ``zq.Publisher``): its security handshake failed (the
+    dispatcher refused our key, or the keys do not match: ``kind == "security"``), its
+    connection dropped (``session_dropped``), or nothing came from the dispatcher for
+    ``window_s`` (heartbeat × liveness), welcomed or not: a HELLO that a cluster leader
+    stepping down had read is never answered, and libzmq's own reconnection carries no
+    HELLO. Then the client opens a new session (the next endpoint, or the leader a
+    not-leader named). ``refused_ends``: a connection refused ``REFUSED_GRACE`` times in
+    a row ends it at once (``kind == "refused"``), not after the silence; else libzmq
+    goes on trying (a dispatcher restarting), and the silence names the refusals."""
+    state = watch(sock)
+    if state is not None:
+        if state.refusal is not None:
+            return Lost.of("security", state.refusal)
+        if state.dropped:
+            return Lost.of("dropped", "its connection dropped")
+        if refused_ends and state.refused >= REFUSED_GRACE:
+            return Lost.of("refused", NOT_LISTENING)
     if now - last_heard > window_s:
-        return f"silent for {now - last_heard:.1f}s"
+        if state is not None and state.refused and not state.connected:
+            return Lost.of("refused", NOT_LISTENING)
+        return Lost.of("silent", f"silent for {now - last_heard:.1f}s")
     return None
+
+
+def waiting_on(state: Watch | None) -> str | None:
+    """Why a session that is not over yet has not begun, if its monitor says: for the
+    error of a connect that timed out before ``session_lost`` had a verdict."""
+    if state is None:
+        return None
+    if state.refusal is not None:
+        return state.refusal
+    if state.refused and not state.connected:
+        return NOT_LISTENING
+    return None
+
+
+def connect_error(endpoint: object, why: Lost) -> ConnectionLost:
+    """The error of a first connection that failed for ``why``."""
+    if why.kind == "security":
+        return HandshakeRefused(f"{endpoint}: {why}")
+    if why.kind == "refused":
+        return NotListening(f"nothing is listening at {endpoint} (connection refused)")
+    return ConnectionLost(f"{endpoint}: {why}")
+
+
+class RetryLog:
+    """Says why a client is not served once per reason, not once per attempt: a
+    dispatcher that is restarting (or not started yet) would otherwise fill the log
+    with the same line every few seconds. ``served`` forgets what was said."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.said: set[str] = set()
+
+    def note(self, endpoint: object, why: str, ever_served: bool) -> None:
+        key = f"{endpoint} {why}"
+        if key in self.said:
+            self.logger.debug("still no zq dispatcher at %s (%s): trying again", endpoint, why)
+            return
+        self.said.add(key)
+        if ever_served:
+            self.logger.warning("zq dispatcher at %s lost (%s): reconnecting", endpoint, why)
+        else:
+            self.logger.warning("no zq dispatcher at %s yet (%s): still trying", endpoint, why)
+
+    def served(self) -> None:
+        self.said.clear()
 
 
 def session_answer(msg: object, endpoints: "Endpoints") -> str | None:
@@ -192,6 +356,10 @@ def session_answer(msg: object, endpoints: "Endpoints") -> str | None:
         if code == wire.NOT_LEADER:
             log.info("%s is not the leader (%s): moving on", endpoints.current, msg.message)  # type: ignore[attr-defined]
             endpoints.redirect(msg.message)  # type: ignore[attr-defined]
+            return "reset"
+        if code == wire.NO_SESSION:  # (its words are for any peer: these are a client's)
+            log.warning("the dispatcher at %s has no session for this client (it timed out, or the dispatcher "
+                        "restarted): reconnecting", endpoints.current)
             return "reset"
         if code in wire.SESSION_ENDING:
             log.warning("the dispatcher at %s ended our session (%s): reconnecting", endpoints.current,

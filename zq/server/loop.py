@@ -66,6 +66,11 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): zq.server.outflow
+# A frame from a connection with no session (no HELLO yet, timed out, or an earlier
+# server's): in words for whoever reads them; the code, no-session, is what clients act on.
+NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
+                   "the client reconnects by itself")
+NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
 ERROR_TEXT_MAX = 2000  # characters of an ERROR's text: a decode error once echoed a 40 MiB tag back, unread
 PAUSED_POLL_MS = 10  # while deliveries wait for a peer to read, how often the loop looks
 RETENTION_INTERVAL_MS = 10_000
@@ -599,12 +604,11 @@ class Server(Commands, Stats):
             self.key_mismatch(peer_id, peer, user, now)
             peer = None
             if type(cmd) is not wire.Hello:
-                self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION,
-                                               "no session for this key: say HELLO first"))
+                self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION, NO_SESSION_NEW_KEY))
                 return
         if peer is None and type(cmd) is not wire.Hello:
             # Unknown here: never said HELLO, or its session died with an earlier server.
-            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION, "no session: say HELLO first"))
+            self.reply(peer_id, wire.Error(getattr(cmd, "req", 0), wire.NO_SESSION, NO_SESSION_TEXT))
             return
         if peer is not None:
             peer.last_heard_ms = now  # any frame counts as a heartbeat
