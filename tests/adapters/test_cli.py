@@ -230,9 +230,9 @@ def test_version_and_short_help():
 
 def test_consume_says_what_a_failed_command_means_and_when_it_made_a_queue(server, tmp_path):
     assert zq("publish", "work", "one", ZQ_ENDPOINT=server.endpoint).returncode == 0
-    run = zq("consume", "work", "-n", "1", "-x", str(tmp_path / "missing.sh"), ZQ_ENDPOINT=server.endpoint)
+    run = zq("consume", "work", "-n", "1", "-x", "exit 3", ZQ_ENDPOINT=server.endpoint)
     assert run.returncode == 0, run.stderr
-    assert ("the command exited 127 for bookmark 1 (delivery 1): cancelled; it will be delivered again, up to 20 "
+    assert ("the command exited 3 for bookmark 1 (delivery 1): cancelled; it will be delivered again, up to 20 "
             "deliveries, then dead-lettered to 'work.dead'") in run.stderr
     run = zq("consume", "wrok", "-t", "0.5", ZQ_ENDPOINT=server.endpoint)
     assert run.returncode == 0 and "there was no queue 'wrok': created it empty" in run.stderr

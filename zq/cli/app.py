@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import msgspec
@@ -19,6 +17,7 @@ from zq.cli.journal import journal_app
 from zq.server.config import Config, duration_ms
 from zq.core.errors import ConfigError, ZqError
 
+from zq.cli.consume_exec import parse_grace, run_exec
 from zq.cli.common import RET_CONNECT, RET_ERROR, RET_OK, RET_USAGE, EndpointOpt, client_for, endpoint_of, fail, message_json  # noqa: F401
 
 app = typer.Typer(
@@ -309,14 +308,25 @@ def consume(
     max_backlog: Optional[int] = typer.Option(None, "--max-backlog", "-b", help="unacked messages at once (default: concurrency)"),
     count: Optional[int] = typer.Option(None, "--limit", "--count", "-n", help="stop after N messages"),
     timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="stop after S seconds without a message"),
-    exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run CMD per message (payload on stdin); exit 0 acks, else cancels"),
+    exec_: Optional[str] = typer.Option(None, "--exec", "-x", help="run COMMAND per message (payload on stdin); exit 0 acks, "
+                                        "else cancels as failed; exit 126/127 (cannot run): the message goes back, "
+                                        "zq stops and exits with that status"),
     concurrency: int = typer.Option(1, "--concurrency", "-j", help="commands run at once with --exec"),
+    grace: str = typer.Option("30", "--grace", metavar="SECONDS", help="with --exec: on SIGTERM / Ctrl-C, seconds "
+                              "the running commands get to finish (0..86400); a second signal cancels them"),
     reclaimable: bool = typer.Option(False, "--reclaimable", help="let the dispatcher take back prefetched messages "
                                      "not yet started, for an idle consumer"),
 ) -> None:
-    """Print messages as JSON lines and ack each; or run --exec per message."""
+    """Print messages as JSON lines and ack each; or run --exec per message.
+
+    With --exec, SIGTERM or Ctrl-C stops taking messages and lets the running commands
+    finish for up to --grace seconds, each acked or cancelled by its exit status; a
+    second signal (or the end of the grace period) cancels them and their messages go
+    back to the queue, not counted as failed. Each command runs in its own process
+    group: a Ctrl-C reaches zq only, and a cancel reaches all the command started."""
     if concurrency < 1:
         raise fail("--concurrency must be at least 1", RET_USAGE)
+    grace_s = parse_grace(grace)
     with client_for(endpoint) as c:
         known = {q["name"]: q for q in c.queues()}
         try:
@@ -329,24 +339,11 @@ def consume(
         settings = known.get(queue) or next((q for q in c.queues() if q["name"] == queue), {})
         with sub:
             if exec_:
-                run_exec(sub, exec_, concurrency, count, timeout, retry_note(settings))
+                code = run_exec(sub, exec_, concurrency, count, timeout, settings, grace_s)
+                if code:
+                    raise typer.Exit(code)
             else:
                 print_messages(sub, count, timeout)
-
-
-def retry_note(settings: dict) -> str:
-    """What happens to a message whose command failed, from the queue's settings."""
-    limit = settings.get("max_deliveries") or 0
-    dead = settings.get("dead_letter")
-    steps = settings.get("backoff_ms") or []
-    when = "again"
-    if steps:
-        shown = ", ".join(f"{ms / 1000:g}s" for ms in steps[:4]) + (", ..." if len(steps) > 4 else "")
-        when = f"again after the queue's backoff ({shown})"
-    if not limit:
-        return f"it will be delivered {when} (no delivery limit on this queue)"
-    after = f"to {dead!r}" if dead else "(dropped: the queue has no dead_letter)"
-    return f"it will be delivered {when}, up to {limit} deliveries, then dead-lettered {after}"
 
 
 def print_messages(sub, count: int | None, timeout: float | None) -> None:  # type: ignore[no-untyped-def]
@@ -359,40 +356,6 @@ def print_messages(sub, count: int | None, timeout: float | None) -> None:  # ty
         sys.stdout.flush()
         msg.ack()
         seen += 1
-
-
-def run_exec(sub, command: str, concurrency: int, count: int | None, timeout: float | None,  # type: ignore[no-untyped-def]
-             on_failure: str = "it will be delivered again") -> None:
-    slots = threading.Semaphore(concurrency)
-
-    def work(msg) -> None:  # type: ignore[no-untyped-def]
-        try:
-            env = dict(os.environ, ZQ_BOOKMARK=str(msg.bookmark), ZQ_TOPIC=msg.topic,
-                       ZQ_DELIVERIES=str(msg.deliveries), ZQ_GROUP=msg.group or "")
-            rc = subprocess.run(command, shell=True, input=msg.data, env=env).returncode
-            if rc == 0:
-                verdict = msg.ack(wait=True)  # a command is slow next to a round trip: ask
-                if verdict == "lost":
-                    typer.echo(f"zq consume: the command succeeded for bookmark {msg.bookmark} (delivery "
-                               f"{msg.deliveries}) after its lease had ended: the message was delivered again "
-                               "and its work will run again (a longer lease on the queue avoids this)", err=True)
-                return
-            msg.cancel(error=f"`{command[:200]}` exited {rc}")  # counted as failed; its dead letter says why
-            typer.echo(f"zq consume: the command exited {rc} for bookmark {msg.bookmark} (delivery "
-                       f"{msg.deliveries}): cancelled; {on_failure}", err=True)
-        finally:
-            slots.release()
-
-    seen = 0
-    with ThreadPoolExecutor(concurrency) as pool:
-        while count is None or seen < count:
-            slots.acquire()
-            msg = sub.get(timeout)
-            if msg is None:
-                slots.release()
-                break
-            pool.submit(work, msg)
-            seen += 1
 
 
 @app.command()
