@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -25,11 +26,11 @@ def free_port() -> int:
 
 
 class Tmux:
-    def __init__(self, name: str, command: str) -> None:
+    def __init__(self, name: str, command: str, width: int = 140, height: int = 50) -> None:
         self.name = name
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "140", "-y", "50", command], check=True,
-                       env=env(), cwd=ROOT)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(width), "-y", str(height), command],
+                       check=True, env=env(), cwd=ROOT)
 
     def screen(self) -> str:
         out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
@@ -89,8 +90,9 @@ def test_zq_top_in_a_terminal_shows_the_fleet_the_lost_server_and_the_recovery(t
         server.start()
         wait_until(lambda: "connected" in top.screen() and "disconnected" not in top.screen(), timeout=30,
                    what="zq top to recover by itself")
-        top.keys("r")
-        wait_until(lambda: "sorted by rate" in top.screen(), what="the sort key to take effect")
+        assert "sorted by rate" in top.screen()  # the busy queues first, by default
+        top.keys("d")
+        wait_until(lambda: "sorted by depth" in top.screen(), what="the sort key to take effect")
         top.keys("q")
         wait_until(lambda: not top.alive(), what="q to quit")
     finally:
@@ -98,6 +100,95 @@ def test_zq_top_in_a_terminal_shows_the_fleet_the_lost_server_and_the_recovery(t
         if top is not None:
             top.kill()
         worker.stop()
+        server.terminate()
+
+
+IDLE = ["audit-log", "billing", "emails", "exports", "images", "invoices", "ledger", "reports", "search-index",
+        "sms", "thumbnails", "webhooks"]
+
+
+def cells(line: str) -> list[str]:
+    """A table line's cells (columns are two or more blanks apart; a header may hold one)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+def table(screen: list[str], first: str) -> tuple[list[str], list[list[str]], int] | None:
+    """A table on the screen: its headers, its rows' cells, and where its header line is."""
+    for i, line in enumerate(screen[:-1]):
+        if cells(line)[0] == first and "──" in screen[i + 1]:
+            rows = []
+            for row in screen[i + 2:]:
+                if not row.strip() or row.startswith("+ ") or row.startswith("oldest waiting"):
+                    break
+                rows.append(cells(row))
+            return cells(line), rows, i
+    return None
+
+
+def count(cell: str) -> float:
+    """A number as ``zq top`` writes it: 1,234 or compact 12.3k / 4.5M."""
+    scale = {"k": 1e3, "M": 1e6, "G": 1e9}.get(cell[-1:], 1)
+    return float(cell.rstrip("kMG").replace(",", "")) * scale
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux); .ci/run installs it")
+def test_zq_top_at_80x24_shows_the_busy_queue_first_and_its_consumers_and_says_when_the_server_is_gone(tmp_path):
+    server = ServerProcess(tmp_path).start()
+    with Client(server.endpoint) as c:  # example queues holding a few messages each, which nobody touches
+        for i, name in enumerate(IDLE):
+            c.publish_many(name, [b"x"] * (i + 1))
+    workers = [WorkerProcess(server.endpoint, "jobs", tmp_path / f"w{i}.log") for i in range(2)]
+    stop = threading.Event()
+    pub = threading.Thread(target=publish_for, args=(server.endpoint, 60, stop), daemon=True)
+    top = None
+    try:
+        wait_until(lambda: all(w.log.exists() for w in workers), what="workers subscribed")
+        pub.start()
+        top = Tmux("zqtop80", f"{sys.executable} -m zq.cli top --endpoint {server.endpoint}", 80, 24)  # 1 s interval
+
+        def busy_and_staffed() -> list[str] | None:
+            screen = top.screen().splitlines()
+            queues, consumers = table(screen, "queue"), table(screen, "worker")
+            if queues is None or consumers is None or not queues[1]:
+                return None
+            jobs = dict(zip(queues[0], queues[1][0]))
+            if jobs.get("queue") != "jobs" or count(jobs["in/s"]) <= 0 or count(jobs["out/s"]) <= 0:
+                return None
+            return screen if sum("test-ack" in row[0] for row in consumers[1]) == 2 else None
+
+        screen = wait_until(busy_and_staffed, timeout=30, what="zq top to show jobs first, busy, and both workers")
+        text = "\n".join(screen)
+        assert len(screen) <= 24 and "connected" in text[:text.index("queues")]
+        headers, rows, at = table(screen, "queue")  # type: ignore[misc]
+        assert {"queue", "depth", "leased", "in/s", "out/s", "1 min"} <= set(headers), headers
+        consumer_headers, consumer_rows, _ = table(screen, "worker")  # type: ignore[misc]
+        for line in (screen[at], *(ln for ln in screen if cells(ln)[0] == "worker")):
+            assert "…" not in line, f"a header cut at 80 columns: {line!r}"
+        for row in rows + consumer_rows:  # a name may be cut to fit, a number never
+            assert not any("…" in cell for cell in row[1:]), row
+        assert rows[0][0] == "jobs", "the busy queue comes first"
+        spark = screen[at].index("1 min")
+        shown_idle = [line for line in screen[at + 2:at + 2 + len(rows)] if cells(line)[0] in IDLE]
+        assert len(shown_idle) == len(rows) - 1, text
+        for line in shown_idle:
+            assert not line[spark:].strip(), f"an idle queue's 1 min bar is not empty: {line!r}"
+        folded = next((ln for ln in screen if ln.startswith("+ ")), "")
+        hidden = re.match(r"\+ (\d+) idle queues?: ", folded)
+        assert hidden is not None and int(hidden.group(1)) + len(shown_idle) == len(IDLE), text
+
+        killed = time.monotonic()
+        server.kill()  # SIGKILL by PID: no goodbye
+        wait_until(lambda: "no answer for" in top.screen(), timeout=2.5, interval=0.02,
+                   what="the header to stop saying connected (well within 3 s)")
+        assert time.monotonic() - killed < 2.5
+        header = top.screen().splitlines()[:4]
+        assert not any(re.search(r"(?<!dis)connected", line) for line in header), header
+    finally:
+        stop.set()
+        if top is not None:
+            top.kill()
+        for w in workers:
+            w.stop()
         server.terminate()
 
 

@@ -1,21 +1,49 @@
 """The pure layers of `zq top`: model from two snapshots, view recorded as text."""
 
+import os
+import re
+import threading
+import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from zq.top import model as M
-from zq.top.view import render, sparkline
+from zq.top.app import Poller
+from zq.top.view import QUEUE_COLUMNS, allocate, num, render, sparkline
 
-from .fixtures import CURR, PREV
+from .fixtures import CURR, IDLE, PREV, fleet_snapshot
 
 GOLDEN = Path(__file__).with_name("golden_frame.txt")
 
 
-def frame_text(m: M.TopModel) -> str:
-    console = Console(width=110, record=True, file=open("/dev/null", "w"), color_system=None)
+def frame_text(m: M.TopModel, width: int = 110, height: int = 60) -> str:
+    console = Console(width=width, height=height, record=True, file=open(os.devnull, "w"), color_system=None)
     console.print(render(m))
     return console.export_text()
+
+
+def fleet_model(frames: int = 5) -> M.TopModel:
+    """``frames`` one-second frames of the fleet: ``jobs`` busy and deepening, ten idle queues."""
+    history, prev, m = M.History(), None, None
+    for t in range(1, frames + 1):
+        curr = fleet_snapshot(t)
+        m = M.build("tcp://127.0.0.1:7780", prev, curr, 1000, history)
+        prev = curr
+    assert m is not None
+    return m
+
+
+def cells(line: str) -> list[str]:
+    """A table line's cells (columns are two or more blanks apart; a header may hold one)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+def table_at(lines: list[str], first: str) -> tuple[int, list[str]]:
+    """The index of a table's header line (its first cell ``first``) and its headers."""
+    i = next(i for i, line in enumerate(lines) if cells(line)[0] == first and "─" in lines[i + 1])
+    return i, cells(lines[i])
 
 
 def test_rates_come_from_the_difference_of_two_snapshots():
@@ -54,6 +82,7 @@ def test_consumers_show_ack_rate_and_mean_processing_time_so_the_slow_one_stands
 
 def test_sort_keys_reorder_the_queues():
     assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "depth").queues] == ["jobs", "orders"]
+    assert M.build("e", PREV, CURR, 1000, M.History()).sort == "rate"  # the busy ones first by default
     assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "name").queues] == ["jobs", "orders"]
     assert [q.name for q in M.build("e", PREV, CURR, 1000, M.History(), "latency").queues][0] == "jobs"
 
@@ -69,6 +98,14 @@ def test_depth_history_feeds_a_sparkline():
         m = M.build("e", PREV, {**CURR, "queues": {"jobs": {**CURR["queues"]["jobs"], "depth": depth}}}, 1000, h)
     assert m.queues[0].depth_history == [0, 50, 100]
     assert sparkline([0, 50, 100]) == " ▄█"
+
+
+def test_a_depth_that_did_not_move_is_an_empty_sparkline_not_a_full_one():
+    assert sparkline([7] * 12) == " " * 12  # an idle queue holding 7: no trend (it drew ████ before)
+    assert sparkline([0] * 5) == " " * 5
+    assert sparkline([100, 101, 103, 100]) == " ▁▃ "  # from the minute's lowest, a step a message up to 8
+    assert sparkline([0, 1000, 4000, 8000]) == " ▁▄█"  # beyond, an eighth of the range
+    assert sparkline([]) == ""
 
 
 def test_the_frame_matches_the_recorded_text():
@@ -145,3 +182,145 @@ def test_the_header_shows_a_cluster_leaders_role_epoch_and_in_sync_set():
     assert "n2 lag 3 / 1.5s" in text and "n3 lag 7 / 9.0s (out of sync)" in text
     curr["server"]["replication"]["cluster"]["serving"] = False
     assert "NOT SERVING (fenced)" in frame_text(M.build("tcp://x", PREV, curr, 1000, M.History()))
+
+
+def test_numbers_are_compact_only_when_asked_and_never_lose_their_magnitude():
+    assert [num(n) for n in (0, 999, 12_345, 1_234_567)] == ["0", "999", "12,345", "1,234,567"]
+    assert [num(n, True) for n in (9_999, 12_345, 99_960, 456_000, 1_234_567, 7.8e12)] == \
+        ["9,999", "12.3k", "100k", "456k", "1.2M", "7.8T"]
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_columns_are_chosen_by_width_and_no_header_or_number_is_cut(width):
+    m = fleet_model()
+    lines = frame_text(m, width, 24).splitlines()
+    assert len(lines) <= 24 and all(len(line.rstrip()) <= width for line in lines)
+    i, headers = table_at(lines, "queue")
+    known = [c.header for c in QUEUE_COLUMNS]
+    assert headers == [h for h in known if h in headers], f"unknown or cut headers: {headers}"
+    rank = {c.header: c.rank for c in QUEUE_COLUMNS}
+    dropped = set(known) - set(headers)
+    assert all(rank[d] > rank[h] for d in dropped for h in headers), "the least important columns go first"
+    assert {"queue", "depth", "leased", "in/s", "out/s", "1 min"} <= set(headers)
+    _, consumer_headers = table_at(lines, "worker")
+    assert {"worker", "queue", "acks/s"} <= set(consumer_headers)
+    for line in lines:
+        if not line.startswith(("+ ", "oldest waiting")):  # lists of names may be cut, nothing else
+            assert "…" not in line, line
+    jobs = dict(zip(headers, cells(lines[i + 2])))
+    assert jobs["queue"] == "jobs", "the busy queue comes first"
+    if width == 140:
+        assert dropped == set() and (jobs["depth"], jobs["in/s"], jobs["out/s"]) == ("1,241,292", "12,345", "11,000")
+    else:
+        assert (jobs["depth"], jobs["in/s"], jobs["out/s"]) == ("1.2M", "12.3k", "11.0k")
+    if width == 80:
+        assert {"p50", "exp", "lost", "delay"} <= dropped
+
+
+def test_at_80x24_the_busy_queue_leads_the_idle_ones_fold_into_a_line_and_the_consumers_show():
+    m = fleet_model()
+    m.oldest_why = M.why_line("webhooks", {"bookmark": 1, "why": ["no consumer is subscribed to the queue"]})
+    lines = frame_text(m, 80, 24).splitlines()
+    assert len(lines) == 24
+    i, headers = table_at(lines, "queue")
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.strip() or line.startswith("+ "):
+            break
+        rows.append(line)
+    assert cells(rows[0])[0] == "jobs"
+    folded = next(line for line in lines if line.startswith("+ "))
+    hidden = re.fullmatch(r"\+ (\d+) idle queues: (.*)", folded.rstrip())
+    assert hidden is not None, folded
+    assert int(hidden.group(1)) + len(rows) == 1 + len(IDLE)
+    spark = lines[i].index("1 min")
+    assert rows[0][spark:].strip(), "jobs deepened: its bar shows it"
+    for row in rows[1:]:
+        assert cells(row)[0] in IDLE and not row[spark:].strip(), f"an idle queue's 1 min bar is empty: {row!r}"
+    c, _ = table_at(lines, "worker")
+    assert [cells(line)[0] for line in lines[c + 2:c + 4]] == ["vm:4100 test-ack", "vm:4101 test-ack"]
+
+
+def test_a_tall_terminal_lists_every_queue_with_blank_lines_as_before():
+    lines = frame_text(fleet_model(), 140, 50).splitlines()
+    assert all(any(cells(line)[0] == name for line in lines) for name in IDLE) and not any("idle" in x for x in lines)
+    c = next(i for i, line in enumerate(lines) if line.startswith("consumers"))
+    assert lines[c - 1].strip() == "" and lines[c + 1].strip() == ""  # the wide layout keeps its spacing
+
+
+def test_sections_share_the_height_busy_queues_first_consumers_keep_rows():
+    # sections: queues, consumers, groups, tenants; each costs 3 lines + rows + a "+ N more" line if cut
+    assert allocate(40, [11, 2, 0, 0], [5, 2, 0, 0]) == [11, 2, None, None]
+    assert allocate(18, [11, 2, 0, 0], [5, 2, 0, 0]) == [9, 2, None, None]
+    assert allocate(18, [11, 2, 3, 1], [5, 2, 1, 1]) == [9, 2, None, None]  # groups, tenants give way first
+    assert allocate(24, [11, 2, 3, 1], [5, 2, 1, 1]) == [6, 2, 1, 1]  # room for a line each: they keep it
+    assert allocate(8, [11, 9, 0, 0], [5, 3, 0, 0]) == [0, 0, None, None]
+
+
+def test_a_request_that_goes_unanswered_is_said_within_half_a_second():
+    m = M.build("tcp://x", PREV, CURR, 1000, M.History())
+    late = M.late_after(1.0)
+    assert late <= 0.5
+    fresh = M.current("tcp://x", m, 10.0, 10.9, None, 11.0, 1.0)  # asked 0.1 s ago
+    assert fresh.connected
+    quiet = M.current("tcp://x", m, 10.0, 11.0, None, 11.0 + late + 0.1, 1.0)
+    assert not quiet.connected and f"no answer for {1.0 + late + 0.1:.1f}s" in frame_text(quiet)
+    failed = M.current("tcp://x", m, 10.0, 11.0, "SessionLost", 11.2, 1.0)
+    assert "disconnected, retrying (SessionLost): no answer for 1.2s" in frame_text(failed)
+    assert "disconnected, retrying (connecting)" in frame_text(M.current("tcp://x", None, None, 1.0, None, 1.1, 1.0))
+
+
+class QuietSource:
+    """A Source whose server answers while ``answering`` is set, and goes quiet when not."""
+
+    endpoint = "tcp://x"
+
+    def __init__(self) -> None:
+        self.answering = threading.Event()
+        self.answering.set()
+
+    def fetch(self, timeout: float) -> dict:
+        if not self.answering.wait(timeout):
+            raise TimeoutError
+        return CURR
+
+    def explain_oldest(self, m: M.TopModel, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def poll(predicate, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_screen_does_not_wait_for_a_quiet_server_to_say_it_is_quiet():
+    poller = Poller("tcp://x", 0.2)
+    poller.src = QuietSource()  # type: ignore[assignment]
+    poller.start()
+    try:
+        poll(lambda: poller.frame(time.monotonic()).connected, 5)
+        poller.src.answering.clear()  # type: ignore[attr-defined]
+        quiet_since = time.monotonic()
+        poll(lambda: not poller.frame(time.monotonic()).connected, 5)
+        assert time.monotonic() - quiet_since < 0.2 + M.late_after(0.2) + 0.5
+        assert poller.frame(time.monotonic()).silent_s is not None
+        poller.src.answering.set()  # type: ignore[attr-defined]
+        poll(lambda: poller.frame(time.monotonic()).connected, 5)
+        poller.sort = "name"
+        assert poller.frame(time.monotonic()).sort == "name"  # a key re-sorts at once
+    finally:
+        poller.close()
+
+
+def test_a_long_endpoint_is_cut_in_the_middle_so_the_state_stays_on_the_first_line():
+    m = M.build("ipc:///tmp/pytest-of-someone/pytest-1234/test_zq_top_at_80x24_shows_the0/zq.sock", PREV, CURR, 1000,
+                M.History())
+    first = frame_text(m, 80, 24).splitlines()[1]
+    assert "zq top ipc:///tmp/" in first and "/zq.sock" in first and "connected" in first
+    quiet = frame_text(M.disconnected(m.endpoint, m, "SessionLost", 2.0), 80, 24).splitlines()
+    assert "no answer for 2.0s" in "".join(quiet[1:3])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SPARK_POINTS = 60  # one minute of depth at the default 1 s interval
 
@@ -69,9 +69,10 @@ class TopModel:
     queues: list[QueueRow]
     consumers: list[ConsumerRow]
     groups: list[GroupRow]
-    sort: str = "depth"
+    sort: str = "rate"
     connected: bool = True
-    note: str = ""
+    note: str = ""  # why it is not connected (an exception's name), or "connecting"
+    silent_s: float | None = None  # not connected: seconds since the server last answered a STATS
     oldest_why: str | None = None  # why the top queue's oldest waiting message waits (zq explain)
     tenants: list[TenantRow] = field(default_factory=list)
     replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys
@@ -145,13 +146,24 @@ def rate(curr: int, prev: int | None, dt_s: float) -> float:
 
 SORTS = {
     "depth": lambda r: (-r.depth, r.name),
-    "rate": lambda r: (-(r.in_rate + r.out_rate), r.name),
+    "rate": lambda r: (-(r.in_rate + r.out_rate), -r.depth, r.name),  # the default: the busy ones first
     "latency": lambda r: (-(r.p99_ms if r.p99_ms is not None else -1), r.name),
     "name": lambda r: r.name,
 }
+DEFAULT_SORT = "rate"
 
 
-def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: History, sort: str = "depth") -> TopModel:
+def is_idle(q: QueueRow) -> bool:
+    """Nothing came in, went out or is leased: what ``zq top`` collapses when space is short."""
+    return q.in_rate == 0 and q.out_rate == 0 and q.leased == 0
+
+
+def resorted(m: TopModel, sort: str) -> TopModel:
+    """The same frame in another order (a sort key takes effect before the next answer)."""
+    return replace(m, queues=sorted(m.queues, key=SORTS.get(sort, SORTS[DEFAULT_SORT])), sort=sort)
+
+
+def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: History, sort: str = DEFAULT_SORT) -> TopModel:
     dt = dt_ms / 1000
     prevq = (prev or {}).get("queues", {})
     queues, consumers, groups, tenants = [], [], [], []
@@ -189,7 +201,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
             groups.append(GroupRow(name, gs["count"], gs["in_flight"], gs["busiest"]))
         if q.get("tenants"):
             tenants.append(TenantRow(name, q["tenants"]))
-    queues.sort(key=SORTS.get(sort, SORTS["depth"]))
+    queues.sort(key=SORTS.get(sort, SORTS[DEFAULT_SORT]))
     consumers.sort(key=lambda c: (c.queue, c.name))
     srv = curr["server"]
     return TopModel(
@@ -203,8 +215,26 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
     )
 
 
-def disconnected(endpoint: str, last: TopModel | None, reason: str) -> TopModel:
+def disconnected(endpoint: str, last: TopModel | None, reason: str, silent_s: float | None = None) -> TopModel:
     """The frame shown while the server is away: the last figures, marked stale."""
     if last is None:
         return TopModel(endpoint, "?", 0, "?", 0, 0, {}, 0, 0, [], [], [], connected=False, note=reason)
-    return TopModel(**{**last.__dict__, "connected": False, "note": reason})
+    return replace(last, connected=False, note=reason, silent_s=silent_s)
+
+
+def late_after(interval: float) -> float:
+    """How long a STATS may go unanswered before ``zq top`` says so (answers take ms)."""
+    return min(0.5, max(interval / 2, 0.2))
+
+
+def current(endpoint: str, last: TopModel | None, answered_at: float | None, asked_at: float | None,
+            error: str | None, now: float, interval: float) -> TopModel:
+    """What to show ``now``: the last answer while it is fresh; marked stale ("no answer for
+    N s") once a request has waited past ``late_after`` or failed (``error``), so the
+    header stops saying "connected" within about one interval of the server going quiet."""
+    if last is None or answered_at is None:
+        return disconnected(endpoint, None, error or "connecting")
+    waiting = asked_at is not None and asked_at > answered_at and now - asked_at > late_after(interval)
+    if error is None and not waiting:
+        return last
+    return disconnected(endpoint, last, error or "", silent_s=max(0.0, now - answered_at))
