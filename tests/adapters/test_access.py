@@ -9,7 +9,7 @@ import json
 import pytest
 
 import zq
-from zq.core.errors import ResumePointError
+from zq.core.errors import QueueExistsError, ResumePointError
 from zq.server.config import Config
 from zq.core.errors import ZqError
 
@@ -196,8 +196,10 @@ def test_replace_a_subscription_over_the_wire_keeps_its_leases(dispatcher):
 def test_operators_ack_purge_move_and_redrive_over_the_wire(dispatcher):
     with zq.connect(dispatcher.inproc) as c:
         c.create_queue("work", lease="5s", max_cancels=1, dead_letter="work.dead", group_header="customer")
-        with pytest.raises(ZqError, match="already exists"):
+        with pytest.raises(QueueExistsError, match="exists .* with other settings: lease_ms: 5000 -> 30000"):
             c.create_queue("work")
+        assert c.create_queue("work", lease="5s", max_cancels=1, dead_letter="work.dead",
+                              group_header="customer")["lease_ms"] == 5000  # the same again: declared, no error
         for i in range(6):
             c.publish("work", json.dumps({"n": i}), headers={"customer": f"c{i % 2}", "kind": "x" if i < 2 else "y"},
                       msg_id=f"m{i}")

@@ -232,12 +232,13 @@ def test_consume_says_what_a_failed_command_means_and_when_it_made_a_queue(serve
     assert zq("publish", "work", "one", ZQ_ENDPOINT=server.endpoint).returncode == 0
     run = zq("consume", "work", "-n", "1", "-x", "exit 3", ZQ_ENDPOINT=server.endpoint)
     assert run.returncode == 0, run.stderr
-    assert ("the command exited 3 for bookmark 1 (delivery 1): cancelled; it will be delivered again, up to 20 "
-            "deliveries, then dead-lettered to 'work.dead'") in run.stderr
+    assert ("the command exited 3 for bookmark 1 (delivery 1): cancelled; it will be delivered again after the "
+            "queue's backoff (1s, 5s, 30s, 60s, ...), up to 20 deliveries, then dead-lettered to 'work.dead'") in run.stderr
     run = zq("consume", "wrok", "-t", "0.5", ZQ_ENDPOINT=server.endpoint)
-    assert run.returncode == 0 and "there was no queue 'wrok': created it empty" in run.stderr
+    assert run.returncode == 0 and "no queue 'wrok' yet: waiting for messages" in run.stderr
+    assert 'wrok' not in zq("queue", "list", ZQ_ENDPOINT=server.endpoint).stdout  # the typo left nothing behind
     run = zq("consume", "work", "-n", "1", ZQ_ENDPOINT=server.endpoint)  # it is delivered again
-    assert run.returncode == 0 and "there was no queue" not in run.stderr
+    assert run.returncode == 0 and "no queue" not in run.stderr
     again = json.loads(run.stdout)
     assert again["bookmark"] == 1 and again["deliveries"] >= 2
 

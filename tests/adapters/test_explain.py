@@ -65,7 +65,7 @@ def test_explain_reads_its_history_from_the_journal_after_a_sigkill(server):
         doc = c.explain("orders", b)
     assert doc["state"] == "waiting" and doc["deliveries"] == 2  # the count came back from the journal
     assert [(e["kind"], e["deliveries"], e["reason"]) for e in doc["history"]] == [
-        ("leased", 1, ""), ("cancelled", 1, ""), ("leased", 2, ""),
+        ("leased", 1, ""), ("cancelled", 1, ""), ("delayed", 1, "backoff"), ("leased", 2, ""),  # (default backoff)
         ("returned", 2, "dispatcher-restart")]  # the restart journals the delivery the SIGKILL cut
     assert doc["causes"]["consumer_gone"] == 1 and doc["causes"]["cancelled"] == 1
 

@@ -58,7 +58,7 @@ def test_each_filtered_subscriber_sees_the_messages_others_refused():
 
 
 def test_a_cancelled_message_comes_back_to_a_matching_subscriber_in_its_place():
-    h = Harness()
+    h = Harness(QueueSettings(name="jobs"))  # (an auto-created queue would wait its backoff first)
     h.sub("r", "jobs", backlog=1, filter="/qty > 5")
     small = h.pub("jobs", payload=b'{"qty": 1}')
     big = h.pub("jobs", 2, payload=b'{"qty": 9}')

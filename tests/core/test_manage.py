@@ -5,7 +5,7 @@ import pytest
 
 from zq.core import Engine, QueueSettings
 from zq.core import records as R
-from zq.core.errors import ConfigError, ProtocolError
+from zq.core.errors import ConfigError, ProtocolError, QueueExistsError
 from zq.journal.base import recover_engine
 from zq.journal.memory_journal import MemoryJournal
 
@@ -119,10 +119,14 @@ def test_run_time_queues_survive_restart_config_wins_and_delete_is_journaled():
     e = recover_engine(journal, config)
     configured = {"fixed"}.__contains__
     e.declare_queue(QueueSettings(name="rt", topics="rt.*", lease_ms=5000), configured)
-    with pytest.raises(ConfigError, match="config file"):
-        e.declare_queue(QueueSettings(name="fixed"), configured)
-    with pytest.raises(ProtocolError, match="already exists"):
+    assert e.declare_queue(QueueSettings(name="fixed"), configured) is False  # as configured: nothing to do
+    with pytest.raises(QueueExistsError, match=r"exists \(in the config file, which wins\).*lease_ms: 30000 -> 1000"):
+        e.declare_queue(QueueSettings(name="fixed", lease_ms=1000), configured)
+    with pytest.raises(QueueExistsError, match=r"topics: 'rt\.\*' -> None; lease_ms: 5000 -> 30000"):
         e.declare_queue(QueueSettings(name="rt"), configured)
+    assert e.declare_queue(QueueSettings(name="rt", topics="rt.*", lease_ms=5000), configured) is False
+    with pytest.raises(ConfigError, match="config file"):
+        e.declare_queue(QueueSettings(name="fixed2"), {"fixed2"}.__contains__)
     e.publish("rt.a", b"x", {}, 0)
     journal.append(e.drain(0).records)
     journal.commit(0)

@@ -285,7 +285,8 @@ def register_management(app: typer.Typer) -> None:
         expiration: Optional[str] = typer.Option(None, "--expiration", help="a message older than this is "
                                                  "dead-lettered (default: never)"),
         dead_letter: Optional[str] = typer.Option(None, "--dead-letter", help="topic that receives dead letters, with "
-                                                  "the reason (default: none, they are dropped)"),
+                                                  "the reason (default: NAME.dead)"),
+        no_dead_letter: bool = typer.Option(False, "--no-dead-letter", help="drop dead letters instead"),
         group_header: Optional[str] = typer.Option("group", "--group-header", help="the header that holds a message's "
                                                    "group id"),
         group_policy: str = typer.Option("sequenced", "--group-policy", help="sequenced | exclusive | one-in-flight; sequenced: one consumer holds a group "
@@ -307,7 +308,7 @@ def register_management(app: typer.Typer) -> None:
                                      "or --max-bytes, refuse publishes, drop the oldest, or hold confirmations"),
         backoff: Optional[str] = typer.Option(None, "--backoff", help="retry schedule, comma-separated: a cancelled "
                                               "or expired delivery waits each step in turn, e.g. 1s,10s,1m (the last "
-                                              "repeats)"),
+                                              "repeats; default 1s,5s,30s,1m,5m; none: at once)"),
         backoff_jitter: Optional[float] = typer.Option(None, "--backoff-jitter", help="spread each wait by up to "
                                                        "this fraction either way (0..1, default 0.1)"),
         max_lease_age: Optional[str] = typer.Option(None, "--max-lease-age", help="a connected consumer's leases "
@@ -329,7 +330,10 @@ def register_management(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print every setting of the new queue as JSON"),
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
-        """Create a queue now; it survives restarts."""
+        """Create a queue now; it survives restarts. Creating it again with the same
+        settings succeeds; with others it is refused, naming each difference."""
+        if dead_letter is not None and no_dead_letter:
+            raise fail("--dead-letter and --no-dead-letter contradict each other", RET_USAGE)
         settings = {
             "topics": topics, "semantics": semantics, "fairness": fairness, "lease": lease,
             "max_per_subscription_backlog": max_backlog, "max_cancels": max_cancels,
@@ -338,21 +342,92 @@ def register_management(app: typer.Typer) -> None:
             "lvq_key": lvq_key, "priority": priority, "sort_key": sort_key, "barrier": barrier,
             "browse_only": browse_only or None,
             "target_queue_depth": target_queue_depth or None, "max_depth": max_depth or None, "max_bytes": max_bytes, "overflow": overflow,
-            "backoff": [step.strip() for step in backoff.split(",")] if backoff else None,
+            "backoff": backoff_steps(backoff),
             "backoff_jitter": backoff_jitter, "max_lease_age": max_lease_age,
             "max_failures": max_failures or None, "max_lease_expiries": max_lease_expiries or None,
             "max_consumer_gone": max_consumer_gone or None,
             "tenant_header": tenant_header, "tenant_weights": parse_weights(tenant_weight) or None,
             "tenant_default_weight": tenant_default_weight, "priority_aging": priority_aging,
         }
+        if no_dead_letter:
+            settings["dead_letter"] = ""
         with client_for(endpoint) as c:
+            existed = any(q["name"] == name for q in run(c.queues))
             created = run(lambda: c.create_queue(name, **{k: v for k, v in settings.items() if v is not None}))
         if as_json:
             typer.echo(json.dumps(created))
             return
         from zq.cli.views import queue_summary
 
-        typer.echo(f"created queue {name!r}: {queue_summary(created)}")
+        typer.echo(f"{'queue ' + repr(name) + ' exists, as asked' if existed else 'created queue ' + repr(name)}: "
+                   f"{queue_summary(created)}")
+
+    @queue_app.command("alter")
+    def queue_alter(
+        name: str = typer.Argument(..., help="a queue created at run time (zq.toml's change in zq.toml)"),
+        lease: Optional[str] = typer.Option(None, "--lease", help="lease of deliveries from now on, e.g. 2m"),
+        max_backlog: Optional[int] = typer.Option(None, "--max-backlog", help="unacknowledged messages one new "
+                                                  "subscription may hold"),
+        max_cancels: Optional[int] = typer.Option(None, "--max-cancels", help="cancels before a dead letter (0: none)"),
+        max_deliveries: Optional[int] = typer.Option(None, "--max-deliveries", help="deliveries before a dead letter "
+                                                     "(0: no limit)"),
+        expiration: Optional[str] = typer.Option(None, "--expiration", help="dead-letter messages older than this "
+                                                 "(never: no expiration)"),
+        dead_letter: Optional[str] = typer.Option(None, "--dead-letter", help="topic that receives dead letters"),
+        no_dead_letter: bool = typer.Option(False, "--no-dead-letter", help="drop dead letters from now on"),
+        fairness: Optional[str] = typer.Option(None, "--fairness", help="fast | round-robin | proportional"),
+        max_depth: Optional[int] = typer.Option(None, "--max-depth", help="messages held at most (0: no limit)"),
+        max_bytes: Optional[str] = typer.Option(None, "--max-bytes", help="payload bytes held at most (a queue "
+                                                "created with a byte limit)"),
+        overflow: Optional[str] = typer.Option(None, "--overflow", help="reject | ring | flow-control"),
+        resume_percent: Optional[int] = typer.Option(None, "--resume-percent", help="flow-control: confirmations "
+                                                     "flow again below this % of the limits"),
+        backoff: Optional[str] = typer.Option(None, "--backoff", help="retry schedule, e.g. 1s,10s,1m (none: at once; "
+                                              "default: 1s,5s,30s,1m,5m)"),
+        backoff_jitter: Optional[float] = typer.Option(None, "--backoff-jitter", help="0..1"),
+        max_lease_age: Optional[str] = typer.Option(None, "--max-lease-age", help="leases of connected consumers "
+                                                    "renew until this age (off: never)"),
+        max_failures: Optional[int] = typer.Option(None, "--max-failures", help="failures before a dead letter"),
+        max_lease_expiries: Optional[int] = typer.Option(None, "--max-lease-expiries", help="lease expiries before "
+                                                         "a dead letter"),
+        max_consumer_gone: Optional[int] = typer.Option(None, "--max-consumer-gone", help="consumers gone before a "
+                                                        "dead letter"),
+        tenant_weight: list[str] = typer.Option([], "--tenant-weight", metavar="TENANT=WEIGHT",
+                                                help="the queue's tenant weights, all of them (repeat per tenant)"),
+        tenant_default_weight: Optional[int] = typer.Option(None, "--tenant-default-weight", help="every other "
+                                                            "tenant's weight"),
+        as_json: bool = typer.Option(False, "--json", help="print what changed and every setting as JSON"),
+        endpoint: Optional[str] = EndpointOpt,
+    ) -> None:
+        """Change settings of a live queue, keeping its messages (journaled: a restart
+        keeps them). What decides which messages it holds or their order (topics,
+        filter, kind, groups, priority, semantics) cannot change: that is refused, saying so."""
+        if dead_letter is not None and no_dead_letter:
+            raise fail("--dead-letter and --no-dead-letter contradict each other", RET_USAGE)
+        changes: dict[str, object] = {
+            "lease": lease, "max_per_subscription_backlog": max_backlog, "max_cancels": max_cancels,
+            "max_deliveries": max_deliveries, "dead_letter": "" if no_dead_letter else dead_letter,
+            "fairness": fairness, "max_depth": max_depth, "max_bytes": max_bytes, "overflow": overflow,
+            "resume_percent": resume_percent, "backoff": backoff_steps(backoff), "backoff_jitter": backoff_jitter,
+            "max_failures": max_failures, "max_lease_expiries": max_lease_expiries,
+            "max_consumer_gone": max_consumer_gone, "tenant_weights": parse_weights(tenant_weight) or None,
+            "tenant_default_weight": tenant_default_weight,
+        }
+        given = {k: v for k, v in changes.items() if v is not None}
+        for key, value, off in (("expiration", expiration, "never"), ("max_lease_age", max_lease_age, "off")):
+            if value is not None:
+                given[key] = None if value.strip().lower() == off else value  # null: the default (none)
+        if not given:
+            raise fail("name at least one setting to change (zq queue alter --help lists them)", RET_USAGE)
+        with client_for(endpoint) as c:
+            result = run(lambda: c.alter_queue(name, **given))
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        if not result["changed"]:
+            typer.echo(f"queue {name!r} unchanged: it had those settings")
+            return
+        typer.echo(f"altered queue {name!r}: " + "; ".join(result["changed"]))
 
     @queue_app.command("delete")
     def queue_delete(
@@ -361,9 +436,21 @@ def register_management(app: typer.Typer) -> None:
         endpoint: Optional[str] = EndpointOpt,
     ) -> None:
         """Delete a run-time queue and every message it holds."""
-        confirm_or_stop(f"delete queue {name!r} and its messages", yes)
         with client_for(endpoint) as c:
+            held = next((q for q in run(c.queues) if q["name"] == name), None)
+            if held is None:  # said before asking to confirm
+                raise fail(f"no queue named {name[:200]!r} (`zq queue list` shows them)", RET_USAGE)
+            confirm_or_stop(f"delete queue {name!r} and its messages", yes)
             typer.echo(f"deleted {name} ({run(lambda: c.delete_queue(name))} messages)")
+
+
+def backoff_steps(text: str | None) -> list[str] | None:
+    """``--backoff 1s,10s,1m`` as steps; ``none``: no waiting (None: the default schedule)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    return [step.strip() for step in text.split(",")]
 
 
 def parse_weights(items: list[str]) -> dict[str, int]:

@@ -172,8 +172,9 @@ class AsyncClient:
     async def stats(self) -> dict:
         return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)
 
-    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
-        method = getattr(self.client, name)
+    async def _call(self, _method: str, *args: Any, **kw: Any) -> Any:
+        """(``_method``, not ``name``: an admin's own ``name=`` argument passes through.)"""
+        method = getattr(self.client, _method)
         return await asyncio.get_running_loop().run_in_executor(None, lambda: method(*args, **kw))
 
     # Request/answer operations: the sync client's, awaited off the event loop.
@@ -189,6 +190,15 @@ class AsyncClient:
 
     async def admin(self, op: str, **args: Any) -> Any:
         return await self._call("admin", op, **args)
+
+    async def create_queue(self, name: str, **settings: Any) -> dict:
+        return await self._call("create_queue", name, **settings)  # type: ignore[no-any-return]
+
+    async def alter_queue(self, name: str, **settings: Any) -> dict:
+        return await self._call("alter_queue", name, **settings)  # type: ignore[no-any-return]
+
+    async def delete_queue(self, name: str) -> int:
+        return await self._call("delete_queue", name)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.client.close)

@@ -401,8 +401,17 @@ class Client:
         return self.admin("explain", **args)  # type: ignore[return-value]
 
     def create_queue(self, name: str, **settings: object) -> dict:
-        """Declare a queue at run time (settings as in zq.toml: ``lease="5s"``...)."""
+        """Declare a queue at run time (settings as in zq.toml: ``lease="5s"``...).
+        Declaring it again with the same settings succeeds; with others raises
+        ``QueueExistsError`` (code ``exists``) naming each difference."""
         return self.admin("queue-create", name=name, **settings)  # type: ignore[return-value]
+
+    def alter_queue(self, name: str, **settings: object) -> dict:
+        """Change settings of a live run-time queue (as in zq.toml: ``lease="5s"``,
+        ``backoff=["1s", "1m"]``; None puts one back to its default). Journaled: a
+        restart keeps them. Returns ``{"changed": ["key: old -> new", ...], "settings":
+        {...}}``; a setting that cannot change on a live queue is refused saying why."""
+        return self.admin("queue-alter", name=name, **settings)  # type: ignore[return-value]
 
     def delete_queue(self, name: str) -> int:
         """Delete a run-time queue and what it holds; returns how many messages it held."""

@@ -99,6 +99,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
         self.step_indexed = 0
         self.last_content: tuple[int, R.Message | None] = (-1, None)
         self.auto_queues = auto_queues
+        # Queues a subscription created (a consumer of a name no queue has): not journaled
+        # until a message enters one (``route_or_create``), and forgotten when their last
+        # subscription ends with nothing in them. A typo (`zq consume jbos`) leaves nothing behind.
+        self.provisional: set[str] = set()
         self.next_seq = next_seq
         self.subs: dict[str, Subscription] = {}
         self.subs_of_consumer: dict[str, set[str]] = {}
@@ -166,6 +170,10 @@ class Engine(ManagementMixin, TargetDepthMixin):
         redrive) is journaled on its topic in no queue, and a notice says so.
         """
         queues = self.route(topic)
+        if self.provisional:
+            for q in queues:
+                if q.name in self.provisional:
+                    self.keep_provisional(q)
         if not queues:
             named = self.queues.get(topic)
             if named is not None:
@@ -178,6 +186,20 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 queues = [self.add_queue(auto_queue(topic, self.next_seq, dead_letter=dead_letter))]
                 self.route_cache.pop(topic, None)
         return queues
+
+    def keep_provisional(self, q: Queue) -> None:
+        """A queue a subscription created gets its first message (or a declare, an alter):
+        journaled from now on, as if declared (its start stays where it began)."""
+        self.provisional.discard(q.name)
+        self.records.append(R.QueueDeclared(msgspec.json.encode(q.settings), self.now_ms))
+        self.tables_changes += 1
+
+    def forget_provisional(self, q: Queue) -> None:
+        """A queue a subscription created, never given a message, loses its last subscriber."""
+        if q.name in self.provisional and not q.subs and q.depth == 0 and not q.lease_of and not q.meta:
+            self.provisional.discard(q.name)
+            del self.queues[q.name]
+            self.route_cache.clear()
 
     def check_dead_letter(self, target: str, source: str, new: QueueSettings | None = None) -> None:
         """Refuse a dead-letter target that names a queue not taking it as a topic: its
@@ -497,7 +519,17 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if q is None:
             if not self.auto_queues:
                 raise UnknownQueueError(f"no queue named {queue!r}")
-            q = self.add_queue(auto_queue(queue, self.next_seq))
+            covering = self.route(queue)
+            if covering:  # a second queue would get each of these messages too: twice the work
+                first = covering[0]
+                raise UnknownQueueError(
+                    f"no queue named {queue!r}: messages on topic {queue!r} go to queue {first.name!r} (its topics "
+                    f"{first.settings.topics!r}); consume {first.name!r} (a filter picks some of them), or create "
+                    f"queue {queue!r} explicitly to have a second queue that gets every one of them as well")
+            if max_backlog < 1:
+                raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
+            q = self.add_queue(auto_queue(queue, self.next_seq), declare=False)
+            self.provisional.add(queue)
         if max_backlog < 1:
             raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
         if reclaimable and (q.at_most_once or q.browse):
@@ -616,6 +648,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 if sub.consumer in self.consumer_names:  # kept until its last events are out (drain)
                     self.names_to_forget.append(sub.consumer)
         sub.queue.remove_subscription(sub, self.now_ms, detached)
+        if self.provisional:
+            self.forget_provisional(sub.queue)
 
     def disconnect(self, consumer: str, now_ms: int) -> None:
         """A consumer is gone: every subscription of it ends, leases break at once.

@@ -24,6 +24,13 @@ class ReservedNameError(ProtocolError):
     code = "reserved-name"
 
 
+class QueueExistsError(ProtocolError):
+    """A declare names a queue that exists with other settings: the message names each
+    difference (a declare with the same settings succeeds, as AMQP's and SQS's do)."""
+
+    code = "exists"
+
+
 class UnknownQueueError(ZqError):
     code = "unknown-queue"
 

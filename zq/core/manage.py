@@ -22,7 +22,7 @@ import msgspec
 
 from zq.core import expr, limits
 from zq.core import records as R
-from zq.core.errors import ConfigError, ProtocolError, UnknownQueueError
+from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
 from zq.core.settings import QueueSettings, check_topic
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class ManagementMixin:
     now_ms: int
     expr_limits: expr.ExprLimits
     tables_changes: int
+    provisional: set[str]
 
     # ------------------------------------------------------- subscriptions
 
@@ -275,13 +276,25 @@ class ManagementMixin:
 
     # --------------------------------------------------------------- queues
 
-    def declare_queue(self, settings: QueueSettings, configured: Callable[[str], bool]) -> None:
-        """Create a queue at run time; it is journaled and comes back after a restart."""
+    def declare_queue(self, settings: QueueSettings, configured: Callable[[str], bool]) -> bool:
+        """Create a queue at run time; it is journaled and comes back after a restart.
+        Declaring a queue that exists with the same settings changes nothing (returns
+        False), as AMQP's declare and SQS's CreateQueue do; with other settings it is
+        refused (``exists``), naming each difference."""
         settings = settings.validate()
+        existing = self.queues.get(settings.name)  # type: ignore[attr-defined]
+        if existing is not None:
+            differences = settings_differences(existing.settings, settings)
+            if not differences:
+                if existing.name in self.provisional:
+                    self.keep_provisional(existing)  # type: ignore[attr-defined]  # declared now: kept
+                return False
+            where = "in the config file, which wins" if configured(settings.name) else "at run time"
+            raise QueueExistsError(
+                f"queue {settings.name!r} exists ({where}) with other settings: {'; '.join(differences)} "
+                f"(`zq queue alter` / Client.alter_queue changes what can change on a live queue)")
         if configured(settings.name):
             raise ConfigError(f"queue {settings.name!r} is defined in the config file, which wins; change it there")
-        if settings.name in self.queues:
-            raise ProtocolError(f"queue {settings.name!r} already exists")
         if settings.dead_letter is not None:
             self.check_dead_letter(settings.dead_letter, settings.name, settings)  # type: ignore[attr-defined]
         for q in self.queues.values():  # type: ignore[attr-defined]
@@ -289,6 +302,39 @@ class ManagementMixin:
                 self.check_dead_letter(settings.name, q.name, settings)  # type: ignore[attr-defined]
         settings = msgspec.structs.replace(settings, start_seq=self.next_seq)  # type: ignore[attr-defined]
         self.add_queue(settings)  # type: ignore[attr-defined]
+        return True
+
+    def alter_queue(self, name: str, changes: dict[str, Any], configured: Callable[[str], bool]) -> list[str]:
+        """Change settings of a live run-time queue (``ALTERABLE`` only): journaled as
+        its declaration, so a restart and a standby have them. Returns what changed, as
+        ``declare_queue`` names differences ([] when nothing did: nothing is journaled).
+        Leases already given keep their deadlines; new deliveries take the new lease."""
+        q = self.queue(name)  # type: ignore[attr-defined]
+        if configured(name):
+            raise ConfigError(f"queue {name!r} is defined in the config file, which wins; change it there "
+                              "(and restart, or SIGHUP where it reloads)")
+        fixed = sorted(k for k in changes if k not in ALTERABLE)
+        if fixed:
+            raise ProtocolError(f"queue {name!r}: {', '.join(fixed)} cannot change on a live queue: "
+                                f"{FIXED_WHY}")
+        old = q.settings
+        try:
+            new = msgspec.structs.replace(old, **changes).validate()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"queue {name!r}: {exc}") from None
+        if (old.max_bytes == 0) != (new.max_bytes == 0):
+            raise ProtocolError(f"queue {name!r}: max_bytes can change between limits but not be turned on or off "
+                                "on a live queue (the sizes of the messages it holds are kept only with a limit)")
+        if new.dead_letter is not None and new.dead_letter != old.dead_letter:
+            self.check_dead_letter(new.dead_letter, name)  # type: ignore[attr-defined]
+        differences = settings_differences(old, new)
+        if not differences:
+            return []
+        q.alter(new)
+        self.provisional.discard(name)  # (altered: kept, declared as it is now)
+        self.records.append(R.QueueDeclared(msgspec.json.encode(new), self.now_ms))  # type: ignore[attr-defined]
+        self.tables_changes += 1  # type: ignore[attr-defined]
+        return differences
 
     def delete_queue(self, name: str, configured: Callable[[str], bool], now_ms: int) -> int:
         """Delete a run-time queue; its subscriptions end. Returns the messages it held."""
@@ -302,8 +348,39 @@ class ManagementMixin:
             self.unsubscribe(sub.sub_id, now_ms)  # type: ignore[attr-defined]
         held = q.depth
         del self.queues[name]
+        self.provisional.discard(name)
         self.route_cache.clear()  # type: ignore[attr-defined]
         self.rp_written.pop(name, None)  # type: ignore[attr-defined]
         self.records.append(R.QueueDeleted(name, now_ms))
         self.tables_changes += 1
         return held
+
+
+# What can change on a live queue (``alter_queue``): limits, timings, retry schedule,
+# dead-letter target, fairness among consumers, tenant weights. The rest decides which
+# messages the queue holds or in what order it keeps them, fixed by the messages it holds.
+ALTERABLE = frozenset({
+    "lease_ms", "max_per_subscription_backlog", "max_cancels", "max_deliveries", "expiration_ms", "dead_letter",
+    "fairness", "max_depth", "max_bytes", "overflow", "resume_percent", "backoff_ms", "backoff_jitter",
+    "max_lease_age_ms", "max_failures", "max_lease_expiries", "max_consumer_gone", "tenant_weights",
+    "tenant_default_weight",
+})
+FIXED_WHY = ("it decides which messages the queue holds or how it orders and groups them (topics, filter, kind, "
+             "groups, priority, semantics...); create a new queue and `zq move` the messages to it")
+
+
+def settings_differences(old: QueueSettings, new: QueueSettings) -> list[str]:
+    """Each setting that differs, as ``key: old -> new`` (``start_seq`` is the queue's own)."""
+    out = []
+    for key in QueueSettings.__struct_fields__:
+        if key in ("start_seq", "name"):
+            continue
+        a, b = getattr(old, key), getattr(new, key)
+        if a != b:
+            out.append(f"{key}: {short(a)} -> {short(b)}")
+    return out
+
+
+def short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

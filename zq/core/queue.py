@@ -325,6 +325,29 @@ class Queue:
         self.dead_recent: set[int] = set()
         self.dead_order: deque[int] = deque()
 
+    def alter(self, s: QueueSettings) -> None:
+        """Take new settings on a live queue (``manage.ALTERABLE`` ones only changed)."""
+        old = self.settings
+        self.settings = s
+        self.fairness = s.effective_fairness()
+        self.backoff = s.backoff_ms
+        self.limited = bool(s.max_depth or s.max_bytes)
+        self.cause_limits = bool(s.max_failures or s.max_lease_expiries or s.max_consumer_gone)
+        if self.fair_share is not None:
+            self.fair_share.weights = dict(s.tenant_weights)
+            self.fair_share.default_weight = s.tenant_default_weight
+        if s.lease_ms != old.lease_ms:
+            # Leases of one period sit in deadline order in ``lease_fifo``; with another
+            # period, new ones could end before old ones: the old ones go to the heap.
+            for lease in self.lease_fifo:
+                if lease.live:
+                    self.lease_tiebreak += 1
+                    heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
+            self.lease_fifo.clear()
+            for sub in self.subs:
+                sub.current = None
+        self.dirty = True  # (a breach that the new limits end, the engine's next step ends)
+
     # ----------------------------------------------------------------- routing
 
     def covers(self, topic: str) -> bool:

@@ -235,10 +235,35 @@ def covers_topic(settings: QueueSettings, topic: str) -> bool:
     return compile_pattern(settings.topics).fullmatch(topic) is not None
 
 
+# One set of defaults for every queue zq.toml or a declare makes without saying, and for
+# auto-created ones: a failing message waits before each retry (a worker that fails at
+# once does not burn its 20 deliveries in a second), and its dead letter is kept.
+DEFAULT_BACKOFF_MS = [1_000, 5_000, 30_000, 60_000, 300_000]
+DEAD_SUFFIX = ".dead"
+
+
+def default_dead_letter(name: str, topics: str | None = None) -> str | None:
+    """``<name>.dead``; none for a dead-letter queue itself (no chains of them), for a
+    name too long to take the suffix, or when the queue's own topics would take its
+    dead letters back in."""
+    target = name + DEAD_SUFFIX
+    if name.endswith(DEAD_SUFFIX) or len(target.encode()) > limits.TOPIC_BYTES_MAX:
+        return None
+    if topics is not None:
+        try:
+            if compile_pattern(topics).fullmatch(target):
+                return None
+        except PatternError:
+            return None  # (the topics' own error is reported by validate)
+    return target
+
+
 def auto_queue(name: str, start_seq: int, dead_letter: bool = True) -> QueueSettings:
-    """The queue created for a name no queue covers (DESIGN: auto-created queues)."""
+    """The queue created for a name no queue covers (DESIGN: auto-created queues):
+    the defaults of every queue (``default_dead_letter``, ``DEFAULT_BACKOFF_MS``)."""
     return QueueSettings(
         name=name,
-        dead_letter=f"{name}.dead" if dead_letter else None,
+        dead_letter=default_dead_letter(name) if dead_letter else None,
+        backoff_ms=list(DEFAULT_BACKOFF_MS),
         start_seq=start_seq,
     )

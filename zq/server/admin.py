@@ -18,10 +18,10 @@ from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.errors import NotEntitledError, ProtocolError
 from zq.core.explain import explain as explain_message
-from zq.core.manage import BulkCursor
+from zq.core.manage import ALTERABLE, FIXED_WHY, BulkCursor
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
-from zq.server.config import QueueSection, queue_settings
+from zq.server.config import CONVERTED_KEYS, QueueSection, queue_settings
 from zq.server.security import Rights
 from zq.server.sessions import Peer, holder_name, sub_key
 from zq.server.snapshots import Snapshots
@@ -203,6 +203,42 @@ def queue_create(server: AdminHost, peer: Peer, a: QueueSection, now: int) -> An
     return msgspec.to_builtins(server.engine.queues[a.name].settings)
 
 
+# A config key's setting (zq.toml's ``lease`` is the settings' ``lease_ms``).
+_SETTING_OF = {**CONVERTED_KEYS, "backoff": "backoff_ms"}
+
+
+def queue_alter(server: AdminHost, peer: Peer, a: dict, now: int) -> Any:
+    """``name`` and the config keys to change, as in zq.toml (``lease = "5s"``; null puts
+    a key back to its default). Read by hand, not by a Struct, so that a key which
+    cannot change is refused saying why rather than as an unknown field."""
+    args = dict(a)
+    name = args.pop("name", None)
+    if type(name) is not str:
+        raise ProtocolError("queue-alter: name: a queue's name is a string")
+    if peer.rights is not None and not peer.rights.allows("consume", name):
+        raise NotEntitledError(f"queue-alter: this client's key may not consume {name[:80]!r}")
+    if not args:
+        raise ProtocolError("queue-alter: name at least one setting to change")
+    unknown = sorted(k for k in args if k not in QueueSection.__struct_fields__ or k == "name")
+    if unknown:
+        raise ProtocolError(f"queue-alter: no queue setting {unknown[0][:80]!r}")
+    fields = {key: _SETTING_OF.get(key, key) for key in args}
+    fixed = sorted(key for key, field in fields.items() if field not in ALTERABLE)
+    if fixed:
+        raise ProtocolError(f"queue {name[:80]!r}: {', '.join(fixed)} cannot change on a live queue: {FIXED_WHY}")
+    target = args.get("dead_letter")
+    if peer.rights is not None and target is not None and not peer.rights.allows("publish", target):
+        raise NotEntitledError(f"queue-alter: this client's key may not publish to {str(target)[:80]!r} (dead_letter)")
+    try:
+        section = msgspec.convert({"name": name, **{k: v for k, v in args.items() if v is not None}}, type=QueueSection)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"queue-alter: {exc}") from None
+    parsed = queue_settings(section, f"queue {name!r}")
+    changes = {field: getattr(parsed, field) for field in fields.values()}
+    changed = server.engine.alter_queue(name, changes, server.configured_queue)
+    return {"changed": changed, "settings": msgspec.to_builtins(server.engine.queues[name].settings)}
+
+
 def queue_delete(server: AdminHost, peer: Peer, a: QueueDeleteArgs, now: int) -> Any:
     return server.engine.delete_queue(a.name, server.configured_queue, now)
 
@@ -326,6 +362,7 @@ OPERATIONS: dict[str, tuple[type, Callable[..., Any]]] = {
     "redrive": (QueueArgs, redrive),
     "groups": (GroupsArgs, groups),
     "queue-create": (QueueSection, queue_create),
+    "queue-alter": (dict, queue_alter),
     "queue-delete": (QueueDeleteArgs, queue_delete),
     "explain": (ExplainArgs, explain),
     "journal-tables": (TablesArgs, journal_tables),

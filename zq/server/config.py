@@ -18,7 +18,7 @@ from zq.core.errors import ConfigError
 from zq.wire import DEFAULT_ENDPOINT
 from zq.core.expr import DEFAULT_LIMITS, DEPTH_MAX, EXPR_CHARS_MAX, IN_LIST_MAX, ExprLimits
 from zq.core.regex import PatternError, compile_pattern
-from zq.core.settings import QueueSettings
+from zq.core.settings import DEFAULT_BACKOFF_MS, QueueSettings, default_dead_letter
 from zq.server.security import SecuritySection, check_section
 
 DEFAULT_DATA = "./zq-data"
@@ -112,7 +112,7 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_cancels: int = 0
     max_deliveries: int = 20
     expiration: str | None = None
-    dead_letter: str | None = None
+    dead_letter: str | None = None  # None: "<name>.dead" (settings.default_dead_letter); "": dropped
     group_header: str | None = "group"
     group_policy: str = "sequenced"
     max_groups: int = limits.GROUPS_PER_QUEUE_MAX
@@ -130,7 +130,8 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_bytes: str | int = 0
     overflow: str = "reject"
     resume_percent: int = 90
-    backoff: list[str] = []  # retry schedule: ["1s", "10s", "1m"]; the last step repeats
+    backoff: list[str] | None = None  # retry schedule: ["1s", "10s", "1m"]; the last step repeats; [] none;
+    # None: settings.DEFAULT_BACKOFF_MS (1s, 5s, 30s, 1m, 5m), as auto-created queues have
     backoff_jitter: float = 0.1
     max_lease_age: str | None = None  # leases of connected consumers renew until a delivery is this old
     max_failures: int = 0
@@ -350,6 +351,9 @@ _CONVERTED = {
 }
 
 
+CONVERTED_KEYS = {key: name for key, (name, _) in _CONVERTED.items()}
+
+
 def queue_settings(q: QueueSection, where: str) -> QueueSettings:
     if q.topics is not None:
         try:
@@ -363,12 +367,16 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
             name, convert = _CONVERTED[key]
             kwargs[name] = convert(value, f"{where}.{key}") if value else 0
         elif key == "backoff":
+            if value is None:
+                kwargs["backoff_ms"] = list(DEFAULT_BACKOFF_MS)
+                continue
             if len(value) > limits.BACKOFF_STEPS_MAX:
                 raise ConfigError(f"{where}.backoff: at most {limits.BACKOFF_STEPS_MAX} steps")
             kwargs["backoff_ms"] = [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
         else:
             kwargs[key] = value
     kwargs["group_header"] = q.group_header or None
+    kwargs["dead_letter"] = default_dead_letter(q.name, q.topics) if q.dead_letter is None else q.dead_letter or None
     settings = QueueSettings(**kwargs)
     try:
         return settings.validate()
