@@ -3,7 +3,8 @@
     python examples/asyncio_pubsub.py [--endpoint tcp://127.0.0.1:7780] [--messages 500]
 
 Needs a running dispatcher. The publisher awaits each batch's confirmation (durable in
-the journal); the consumer iterates a subscription with ``async for`` and acks.
+the journal); the consumer iterates a subscription with ``async for`` and acks. At the
+end it deletes its queue.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ def main() -> int:
     parser.add_argument("--endpoint", default=os.environ.get("ZQ_ENDPOINT", zq.wire.DEFAULT_ENDPOINT))
     parser.add_argument("--messages", type=int, default=500)
     args = parser.parse_args()
-    return asyncio.run(main_async(args.endpoint, args.messages))
+    code = asyncio.run(main_async(args.endpoint, args.messages))
+    with zq.connect(args.endpoint) as c:
+        c.delete_queue(QUEUE)  # leave the dispatcher as we found it
+    return code
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ instead of holding a subscription open.
 Needs a running dispatcher. ``claim(queue, wait=S)`` waits up to S seconds for at
 least one message (a long poll: one request, no busy loop), leases what it takes for
 ``lease`` seconds, and returns it; ack, cancel or extend each as usual. A claim that
-is never settled comes back to the queue when its lease ends.
+is never settled comes back to the queue when its lease ends. At the end it deletes
+its queue.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def main() -> int:
     args = parser.parse_args()
     with zq.connect(args.endpoint) as c:
         if QUEUE in {q["name"] for q in c.queues()}:
-            c.purge(QUEUE)  # a clean start on reruns
+            c.purge(QUEUE)  # a clean start after a run that stopped half-way
 
         # 1. A long poll on an empty queue: it returns as soon as a message arrives.
         def publish_later() -> None:
@@ -55,6 +56,7 @@ def main() -> int:
         # 3. Nothing there: an empty answer after the wait, not an error.
         empty = c.claim(QUEUE, wait=0.2)
         print(f"an empty queue answers {empty} after the wait")
+        c.delete_queue(QUEUE)  # leave the dispatcher as we found it
     ok = len(got) == 1 and waited < 10 and len(batch) == 5 and empty == []
     return 0 if ok else 1
 

@@ -7,7 +7,7 @@
 # stdin line. `zq consume --exec CMD` runs CMD once per message with the payload on its
 # stdin: exit status 0 acks the message, anything else cancels it (it is delivered
 # again, up to the queue's max_deliveries). -j runs that many at once; -n stops after N
-# messages, -t after S seconds without one.
+# messages, -t after S seconds without one. At the end it deletes its queue.
 set -euo pipefail
 export ZQ_ENDPOINT="${ZQ_ENDPOINT:-tcp://127.0.0.1:7780}"
 QUEUE=thumbnails.example
@@ -22,4 +22,5 @@ zq consume "$QUEUE" -j 4 -n 12 -t 10 --exec 'read name; echo "resized $name" > "
 
 done_count=$(ls "$OUT" | wc -l)
 echo "processed $done_count images with 4 shell workers"
+zq queue delete "$QUEUE" --yes > /dev/null  # leave the dispatcher as we found it
 test "$done_count" -eq 12

@@ -7,7 +7,8 @@ Needs a running dispatcher. The queue is declared with ``max_deliveries = 2`` an
 ``dead_letter = "payments.example.dead"``: a message delivered twice without an ack goes
 there, with ``zq.reason``, ``zq.queue`` and its delivery count in its headers. A
 dead-letter queue is an ordinary queue: peek at it, consume it, or ``redrive`` it back
-to the topic each message came from (same id and headers).
+to the topic each message came from (same id and headers). At the end it deletes both
+queues.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ def main() -> int:
     with zq.connect(args.endpoint) as c:
         names = {q["name"] for q in c.queues()}
         if QUEUE not in names:
-            c.create_queue(QUEUE, max_cancels=2, dead_letter=DEAD)
+            # backoff = []: a cancelled message goes again at once (by default it waits 1 s, then 5 s, ...)
+            c.create_queue(QUEUE, max_cancels=2, dead_letter=DEAD, backoff=[])
         for name in (QUEUE, DEAD):
             if name in names:
-                c.purge(name)  # a clean start on reruns
+                c.purge(name)  # a clean start after a run that stopped half-way
         for i, currency in enumerate(["EUR", "USD", "XYZ", "EUR"]):
             c.publish(QUEUE, json.dumps({"id": i, "amount": 10 * i, "currency": currency}))
 
@@ -64,6 +66,8 @@ def main() -> int:
         back = c.redrive(DEAD)
         ok2, failed2 = drain(args.endpoint, fixed=True)
         print(f"redrove {back}; second pass: {ok2} paid, {failed2} failed")
+        for name in (QUEUE, DEAD):
+            c.delete_queue(name)  # leave the dispatcher as we found it
     good = ok == 3 and len(dead) == 1 and back == 1 and ok2 == 1 and failed2 == 0
     return 0 if good else 1
 

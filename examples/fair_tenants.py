@@ -6,7 +6,8 @@ Needs a running dispatcher. The queue is declared at run time with
 ``tenant_header = "customer"`` and weights (acme pays for twice the share). "bigco"
 publishes a flood first, then acme and initech a few jobs each; one worker takes them
 one at a time, and the first twenty it gets are shared out by weight, not in
-publish order (a plain FIFO would hand out twenty of bigco's).
+publish order (a plain FIFO would hand out twenty of bigco's). At the end it deletes
+its queue.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main() -> int:
                 if len(first) < 20:
                     first.append(msg.headers["customer"])
                 msg.ack()
+        c.delete_queue(QUEUE)  # leave the dispatcher as we found it
     counts = Counter(first)
     print("first twenty:", dict(counts))
     shared = counts["acme"] >= 2 * counts["initech"] - 1 and counts["initech"] >= 4 and counts["bigco"] <= 6

@@ -3,9 +3,10 @@ priority.
 
     python examples/priority_queue.py [--endpoint tcp://127.0.0.1:7780]
 
-Needs a running dispatcher. The queue is declared at run time (journaled: it comes
-back after a restart) with ``priority = "priority"``, the header that
-``publish(..., priority=N)`` sets; any expression works, e.g. ``"/price * /qty"``.
+Needs a running dispatcher. The queue is declared at run time (journaled: it would
+come back after a restart) with ``priority = "priority"``, the header that
+``publish(..., priority=N)`` sets; any expression works, e.g. ``"/price * /qty"``. At
+the end the example deletes it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> int:
                 assert msg is not None, "a ticket went missing"
                 order.append((int(msg.headers["priority"]), msg.data.decode()))
                 msg.ack()
+        c.delete_queue(QUEUE)  # leave the dispatcher as we found it
     for urgency, text in order:
         print(f"{urgency}  {text}")
     ranked = [u for u, _ in order] == sorted((u for u, _ in order), reverse=True)

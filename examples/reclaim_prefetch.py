@@ -6,7 +6,7 @@ Needs a running dispatcher. Two workers prefetch up to 16 jobs each; the first j
 is long, the rest short. The worker that drew the long job sits on its prefetched
 short ones; with ``reclaimable=True`` the dispatcher takes back those it has not
 started and the idle worker does them. Run it and compare how long the short jobs
-waited, plain and reclaimable.
+waited, plain and reclaimable. Each run deletes its queue at the end.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def run(endpoint: str, queue: str, jobs: int, long_s: float, reclaimable: bool) 
         finished.set()
         for t in threads:
             t.join(10)
+        for sub in subs.values():
+            sub.close()
+        a.delete_queue(queue)  # leave the dispatcher as we found it
     return max(waits), done_by
 
 

@@ -6,7 +6,7 @@ time, while different customers are processed in parallel (Apache Qpid's groups)
 Needs a running dispatcher. Messages published with ``group=`` carry the ``group``
 header; a queue's default ``group_policy`` is ``sequenced`` (Qpid's QIP): the worker
 holding a group takes its next messages, in order, up to its backlog; nobody else gets
-any of that group until the holder holds none of it.
+any of that group until the holder holds none of it. At the end it deletes its queue.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def main() -> int:
     stop.set()
     for t in workers:
         t.join()
+    with zq.connect(args.endpoint) as c:
+        c.delete_queue(QUEUE)  # leave the dispatcher as we found it
     ok = len(log) == total
     for k in range(args.customers):
         mine = sorted((e for e in log if e[0] == f"customer-{k}"), key=lambda e: e[3])

@@ -2,11 +2,14 @@
 
     python examples/worker_fleet.py [--endpoint tcp://127.0.0.1:7780] [--jobs 300] [--workers 3]
 
-Needs a running dispatcher (`zq serve`). The script publishes jobs, starts worker
-processes, waits until every job is acknowledged, then sends each worker SIGTERM: a
-worker finishes the message in hand, acknowledges it and leaves. Nothing is lost on
-the way out: a worker that dies instead (SIGKILL) has its leases broken by the
-dispatcher, and its messages go to the others.
+Needs a running dispatcher (`zq serve`). The script starts worker processes, waits
+until the dispatcher counts every one of them as a consumer of the queue, publishes
+the jobs (so they are shared out: published before the workers subscribe, the first
+one to arrive would take them all), waits until every job is acknowledged, then sends
+each worker SIGTERM: a worker finishes the message in hand, acknowledges it and
+leaves. Nothing is lost on the way out: a worker that dies instead (SIGKILL) has its
+leases broken by the dispatcher, and its messages go to the others. At the end it
+deletes its queue from the dispatcher.
 """
 
 from __future__ import annotations
@@ -58,13 +61,14 @@ def main() -> int:
         return work(args.endpoint, args.worker)
 
     with zq.connect(args.endpoint) as c:
-        acked_before = c.stats()["queues"].get(QUEUE, {}).get("acked", 0)
-        c.publish_many(QUEUE, [str(i) for i in range(args.jobs)])
         fleet = [subprocess.Popen([sys.executable, __file__, "--endpoint", args.endpoint, "--worker", f"w{i}"],
                                   stdout=subprocess.PIPE, text=True) for i in range(args.workers)]
         try:
             for p in fleet:
                 assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            wait_for_consumers(c, args.workers)  # every worker subscribed: now the jobs are shared out
+            acked_before = c.stats()["queues"][QUEUE]["acked"]
+            c.publish_many(QUEUE, [str(i) for i in range(args.jobs)])
             deadline = time.monotonic() + 60
             while c.stats()["queues"][QUEUE]["acked"] - acked_before < args.jobs:  # bounded wait
                 if time.monotonic() > deadline:
@@ -74,10 +78,20 @@ def main() -> int:
             for p in fleet:
                 p.send_signal(signal.SIGTERM)  # graceful: each finishes what it holds
             codes = [p.wait(timeout=30) for p in fleet]
+            c.delete_queue(QUEUE)  # leave the dispatcher as we found it
         for p in fleet:
             print(p.stdout.read().strip())  # type: ignore[union-attr]
     print(f"{args.jobs} jobs done by {args.workers} workers; exit codes {codes}")
     return 0 if codes == [0] * args.workers else 1
+
+
+def wait_for_consumers(c: zq.Client, n: int, timeout: float = 30.0) -> None:
+    """Until the dispatcher's stats count ``n`` consumers on the queue (bounded)."""
+    deadline = time.monotonic() + timeout
+    while len(c.stats()["queues"].get(QUEUE, {}).get("consumers", [])) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only some of the {n} workers subscribed within {timeout:g} s")
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,31 @@ def test_the_example_runs_and_shows_what_it_says(server, example, args, says):
     e = env()
     e["ZQ_ENDPOINT"] = server.endpoint
     e["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), e.get("PATH", "")])  # the `zq` command
+    before = queue_names(server)
     done = subprocess.run([*cmd, *args], env=e, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, f"{example} failed:\n{done.stdout}\n{done.stderr}"
     assert says in done.stdout, done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+    left = queue_names(server) - before
+    assert left == set(), f"{example} left its queues {sorted(left)} on the dispatcher"
+
+
+def queue_names(server) -> set[str]:  # type: ignore[no-untyped-def]
+    from zq.client import Client
+
+    with Client(server.endpoint) as c:
+        return {q["name"] for q in c.queues()}
+
+
+def test_the_worker_fleet_shares_the_work_out(server):
+    """The workers subscribe before the jobs are published: every one of them does some."""
+    e = dict(env(), ZQ_ENDPOINT=server.endpoint)
+    done = subprocess.run([sys.executable, str(EXAMPLES / "worker_fleet.py"), "--jobs", "90", "--workers", "3"],
+                          env=e, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    did = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(w\d+): did (\d+) jobs", done.stdout, re.M)}
+    assert sorted(did) == ["w0", "w1", "w2"] and sum(did.values()) == 90, done.stdout
+    assert all(n > 0 for n in did.values()), f"a worker did nothing: {did}"
 
 
 def test_every_example_is_tested_and_listed_in_the_readme():

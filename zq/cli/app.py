@@ -146,8 +146,10 @@ def serve(
     typer.echo(f"zq serving on {' '.join(server.endpoints)}; data {cfg.data} ({cfg.durability}); queues: {queues}; "
                f"{describe()}; {serving_notes(cfg)}", err=True)
     if cfg.replicas_ack:
-        typer.echo(f"zq: replicas_ack = {cfg.replicas_ack}: every publish is confirmed only once {cfg.replicas_ack} "
-                   "standby(s) (`zq standby`) have it on disk; until one connects, publishers wait", err=True)
+        who = (f"every in-sync standby (at least {cfg.replicas_ack})" if cfg.cluster is not None
+               else f"{cfg.replicas_ack} standby(s) (`zq standby`)")
+        typer.echo(f"zq: replicas_ack = {cfg.replicas_ack}: every publish is confirmed only once {who} "
+                   "have it on disk; until then, publishers wait", err=True)
     if server.metrics is not None:
         typer.echo(f"metrics on http://{cfg.metrics.rpartition(':')[0] or '127.0.0.1'}:{server.metrics.port}/metrics", err=True)
     server.run()
@@ -333,9 +335,9 @@ def consume(
             sub = c.subscribe(queue, max_backlog=max_backlog or concurrency, filter=filter, reclaimable=reclaimable)
         except ZqError as exc:
             raise fail(str(exc), RET_USAGE) from None
-        if queue not in known:  # a typo creates a queue: say so rather than wait in silence
-            typer.echo(f"zq consume: there was no queue {queue!r}: created it empty; waiting for messages "
-                       "(Ctrl-C to stop)", err=True)
+        if queue not in known:  # a typo waits in silence otherwise: say so
+            typer.echo(f"zq consume: no queue {queue!r} yet: waiting for messages on topic {queue!r} (Ctrl-C to stop; "
+                       "the queue stays only once something is published to it)", err=True)
         settings = known.get(queue) or next((q for q in c.queues() if q["name"] == queue), {})
         with sub:
             if exec_:
@@ -360,20 +362,38 @@ def print_messages(sub, count: int | None, timeout: float | None) -> None:  # ty
 
 @app.command()
 def stats(
+    queue: Optional[str] = typer.Argument(None, help="only this queue (default: every queue)"),
     endpoint: Optional[str] = EndpointOpt,
-    as_json: bool = typer.Option(False, "--json", help="print the raw stats as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the raw stats as JSON (with QUEUE: that queue's)"),
 ) -> None:
     """Per queue: depth, leased, published, acked, dead-lettered, consumers."""
     with client_for(endpoint) as c:
         st = c.stats()
-    if as_json:
+    if queue is not None:
+        one = st.get("queues", {}).get(queue)
+        if one is None:  # as every command that names a queue says it (exit 2)
+            raise fail(f"no queue named {shown_name(queue)} (`zq queue list` shows every queue)", RET_USAGE)
+        if as_json:
+            typer.echo(json.dumps(one, indent=2, default=str))
+            return
+        st = {**st, "queues": {queue: one}}
+    elif as_json:
         typer.echo(json.dumps(st, indent=2, default=str))
         return
     from zq.cli.views import print_table, replication_lines, stats_rows
 
     print_table(*stats_rows(st))
-    for line in replication_lines(st):
-        typer.echo(line)
+    if queue is None:  # the dispatcher's own lines: under the whole table only
+        for line in replication_lines(st):
+            typer.echo(line)
+
+
+def shown_name(name: str, limit: int = 80) -> str:
+    """A name a user typed, quoted for one line of an error: control characters escaped,
+    a long one cut (saying how long it was)."""
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[:limit]!r}... ({len(name):,} characters)"
 
 
 @app.command()
@@ -383,17 +403,32 @@ def peek(
     limit: int = typer.Option(20, "--limit", "-n", help="at most this many messages"),
     filter: Optional[str] = typer.Option(None, "--filter", "-f", help="only messages matching this expression"),
 ) -> None:
-    """List waiting messages in delivery order without leasing them (JSON lines)."""
+    """List waiting messages in delivery order without leasing them (JSON lines).
+
+    A message waiting for its retry or its publish's delay has `not_before_ms` (Unix ms)
+    and `due`, the same for a person: local time and how long from now."""
+    import time as time_mod
     from types import SimpleNamespace
+
+    from zq.cli.views import due_text
 
     with client_for(endpoint) as c:
         try:
             items = c.peek(queue, limit, filter)
         except ZqError as exc:
-            raise fail(str(exc)) from None
+            raise fail(str(exc), RET_USAGE) from None
+    now_ms = int(time_mod.time() * 1000)
     for it in items:
         msg = SimpleNamespace(group=it.get("group"), data=it["data"], **{k: it[k] for k in ("bookmark", "topic", "headers", "deliveries")})
-        typer.echo(message_json(msg, not_before_ms=it.get("not_before_ms")))
+        line = message_json(msg, not_before_ms=it.get("not_before_ms"))
+        if it.get("not_before_ms") is not None:
+            doc: dict = {}
+            for key, value in json.loads(line).items():  # "due" right after the raw field, which stays as it was
+                doc[key] = value
+                if key == "not_before_ms":
+                    doc["due"] = due_text(value, now_ms)
+            line = json.dumps(doc, ensure_ascii=False)
+        typer.echo(line)
 
 
 @app.command()

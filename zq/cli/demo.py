@@ -7,6 +7,7 @@ in a temporary directory. The summary comes from the dispatcher's own stats.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -27,35 +28,78 @@ QUEUE = "demo.jobs"
 CUSTOMERS = 50
 
 
+INTERRUPTED = 130  # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 def run_demo(*, messages: int, workers: int, backlog: int, fail_rate: float, data: str | None) -> int:
+    """The demo; Ctrl-C stops it with one line and exit status 130, after it has stopped
+    its workers and its dispatcher and removed its temporary journal."""
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        return fleet(messages=messages, workers=workers, backlog=backlog, fail_rate=fail_rate, data=data)
+    except KeyboardInterrupt:
+        print("zq demo: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(signum: int, frame: object) -> None:
+    """The first Ctrl-C stops the demo; the ones after it are ignored, so that they do not
+    cut short the cleanup it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def fleet(*, messages: int, workers: int, backlog: int, fail_rate: float, data: str | None) -> int:
     console = Console(stderr=False)
-    tmp = None if data else tempfile.mkdtemp(prefix="zq-demo-")
-    config = Config(data=data or tmp, bind=["tcp://127.0.0.1:0"], heartbeat_ms=500)
-    dispatcher = Dispatcher(config).start()
+    tmp: str | None = None
+    dispatcher: Dispatcher | None = None
     procs: list[subprocess.Popen] = []
     try:
+        if data is None:
+            data = tmp = tempfile.mkdtemp(prefix="zq-demo-")
+        config = Config(data=data, bind=["tcp://127.0.0.1:0"], heartbeat_ms=500)
+        dispatcher = Dispatcher(config).start()
         console.print(f"[bold]zq demo[/]: dispatcher on {dispatcher.endpoint}, journal in {config.data}")
-        for i in range(workers):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "zq.cli.demo", "worker", dispatcher.endpoint, f"worker-{i + 1}", str(backlog), str(fail_rate)],
-            ))
+        procs += start_workers(dispatcher.endpoint, workers, backlog, fail_rate)
         with Client(dispatcher.inproc, name="demo-publisher") as client:
             wait_for_workers(client, workers)
+            console.print(f"zq demo: {workers} workers subscribed; publishing {messages:,} messages")
             elapsed = publish_and_watch(console, client, messages)
             st = client.stats()
         summary(console, st, messages, elapsed, fail_rate)
         return 0
     finally:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
         for p in procs:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        dispatcher.stop()
+                p.wait(10)
+        if dispatcher is not None:
+            dispatcher.stop()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_workers(endpoint: str, workers: int, backlog: int, fail_rate: float) -> list[subprocess.Popen]:
+    """The worker processes, born ignoring SIGINT (an ignored signal stays ignored across
+    exec, and Python keeps it so): a Ctrl-C at the terminal reaches the whole process
+    group, and the workers leave it to the demo, which stops them with SIGTERM."""
+    procs: list[subprocess.Popen] = []
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for i in range(workers):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "zq.cli.demo", "worker", endpoint, f"worker-{i + 1}", str(backlog), str(fail_rate)],
+            ))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    return procs
 
 
 def wait_for_workers(client: Client, workers: int, timeout: float = 30.0) -> None:
@@ -113,12 +157,15 @@ def summary(console: Console, st: dict, messages: int, elapsed: float, fail_rate
 
 
 def worker(endpoint: str, name: str, backlog: int, fail_rate: float) -> None:
-    """A demo worker: 'processes' each job, cancels a few to show redelivery."""
+    """A demo worker: 'processes' each job, cancels a few to show redelivery. It stops
+    on SIGTERM (the demo's), or when the demo is gone (it is no longer its parent)."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the demo's to handle
+    parent = os.getppid()
     rng = random.Random(name)
     with Client(endpoint, name=name) as client, client.subscribe(QUEUE, max_backlog=backlog) as sub:
-        while not stop:
+        while not stop and os.getppid() == parent:
             msg = sub.get(timeout=0.2)
             if msg is None:
                 continue

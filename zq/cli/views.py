@@ -7,6 +7,8 @@ import time
 from rich import box
 from rich.table import Table
 
+from zq.core.explain import duration_text
+
 
 STATS_COLUMNS = ("queue", "depth", "delay", "leased", "pub", "acked", "redel", "failed", "exp", "dead", "groups", "cons")
 STATS_NOTE = ("depth, delay (of them, waiting for a retry or a publish's delay), leased: now; pub, acked, "
@@ -17,7 +19,7 @@ STATS_NOTE = ("depth, delay (of them, waiting for a retry or a publish's delay),
 def stats_rows(st: dict) -> tuple[str, list[str], list[list[str]], str]:
     """(title, columns, rows, note) of ``zq stats``: one row per queue."""
     server = st.get("server", {})
-    title = f"zq {server.get('version', '')}  uptime {server.get('uptime_ms', 0) / 1000:.0f}s  " \
+    title = f"zq {server.get('version', '')}  uptime {duration_text(server.get('uptime_ms', 0))}  " \
             f"durability {server.get('durability', '?')}  journal {server.get('journal_bytes', 0) / 2**20:.1f} MiB"
     rows = []
     for name, q in sorted(st.get("queues", {}).items()):
@@ -138,10 +140,21 @@ def clock_text(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
+def local_time(ms: int) -> str:
+    """Unix ms as this machine's local time to the second: ``2026-11-26 20:14:03``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def due_text(not_before_ms: int, now_ms: int) -> str:
+    """When a delayed message may go, for a person: ``2026-11-26 20:14:03 (in 59m 54s)``."""
+    wait = not_before_ms - now_ms
+    return f"{local_time(not_before_ms)} ({f'in {duration_text(wait)}' if wait > 0 else 'due now'})"
+
+
 def explain_text(doc: dict) -> str:
     """``zq explain``'s answer for a person: the state and why, then the history."""
     facts = [f"topic {doc['topic']}" if doc.get("topic") else None,
-             f"published {doc['published_ms_ago'] / 1000:.1f}s ago" if "published_ms_ago" in doc else None,
+             f"published {duration_text(doc['published_ms_ago'])} ago" if "published_ms_ago" in doc else None,
              f"msg_id {doc['msg_id']}" if doc.get("msg_id") else None,
              f"group {doc['group']}" if doc.get("group") else None,
              f"{doc['deliveries']} deliveries" if doc.get("deliveries") else None,
@@ -150,7 +163,8 @@ def explain_text(doc: dict) -> str:
     head = f"{doc['queue']} {doc['bookmark']}: {doc['state']}"
     known = [f for f in facts if f]
     lines = [head + (f" ({', '.join(known)})" if known else "")]
-    lines += [f"  {reason}" for reason in doc.get("why", [])]
+    at = f" (at {local_time(doc['not_before_ms'])})" if doc.get("not_before_ms") is not None else ""
+    lines += [f"  {reason}{at if ': due in ' in reason else ''}" for reason in doc.get("why", [])]
     c = doc.get("causes")
     if c:
         counts = ", ".join(f"{n} {label}" for n, label in ((c["cancelled"], "cancelled"), (c["failed"], "failed"),
@@ -189,5 +203,7 @@ def replication_lines(st: dict) -> list[str]:
         sync = "" if s.get("in_sync") in (None, True) else " (out of sync)"
         lines.append(f"standby {s.get('node') or s['name']}: lag {s['lag_records']:,} records{lag_ms}{sync}")
     if rep.get("replicas_ack"):
-        lines.append(f"confirmations wait for {rep['replicas_ack']} standby(s); held now: {rep.get('held_confirmations', 0)}")
+        who = (f"every in-sync standby (at least {rep['replicas_ack']})" if c
+               else f"{rep['replicas_ack']} standby(s)")
+        lines.append(f"confirmations wait for {who}; held now: {rep.get('held_confirmations', 0)}")
     return lines

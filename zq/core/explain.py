@@ -22,6 +22,25 @@ if TYPE_CHECKING:
 RETURNED_SCAN_MAX = 1_000_000  # returned messages looked through for one explain (a heap has no index)
 
 
+def duration_text(ms: float) -> str:
+    """A duration as a person reads it, rounded down to two units at most: ``850ms``,
+    ``12.5s``, ``59m 54s``, ``3h 2m``, ``2d 4h`` (a negative one reads as ``0ms``). The
+    one formatter of ``zq explain``, ``zq peek`` and ``zq stats``."""
+    ms = max(0, int(ms))
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        whole, tenth = divmod(ms // 100, 10)
+        return f"{whole}.{tenth}s" if tenth else f"{whole}s"
+    if ms < 3_600_000:
+        big, unit, small, sub = ms // 60_000, "m", ms % 60_000 // 1000, "s"
+    elif ms < 86_400_000:
+        big, unit, small, sub = ms // 3_600_000, "h", ms % 3_600_000 // 60_000, "m"
+    else:
+        big, unit, small, sub = ms // 86_400_000, "d", ms % 86_400_000 // 3_600_000, "h"
+    return f"{big}{unit} {small}{sub}" if small else f"{big}{unit}"
+
+
 def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None,
             headers: dict[str, str] | None) -> dict[str, Any]:
     """Where message ``seq`` of ``queue`` is, and why. ``topic`` and ``headers``: the
@@ -50,7 +69,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
                             "sub": sub.sub_id}
         out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
         out["why"] = [f"delivery {out['deliveries']} is out with {out['leased_to']['name'] or sub.consumer} "
-                      f"until its lease ends in {out['lease_ends_in_ms']} ms (or it is acked, cancelled or expired)"]
+                      f"until its lease ends in {duration_text(out['lease_ends_in_ms'])} (or it is acked, cancelled or expired)"]
         if seq in sub.revoking:
             out["why"].append("asked back for an idle consumer (reclaiming): it comes back if its holder has not "
                               "started it")
@@ -58,7 +77,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         if max_age:
             out["renews_until_ms"] = lease.started_ms + max_age
             out["why"].append(f"the lease renews while its holder stays connected, for at most "
-                              f"{max(0, lease.started_ms + max_age - now_ms)} ms more (max_lease_age)")
+                              f"{duration_text(lease.started_ms + max_age - now_ms)} more (max_lease_age)")
         return out
     place = waiting_place(q, seq, group)
     if place is None:
@@ -135,7 +154,7 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
     due = q.due_of(seq)
     if due is not None:
         what = "its retry" if q.deliveries_of(seq) else "the time it was published for"
-        why.append(f"waits for {what}: due in {max(0, due - now_ms)} ms")
+        why.append(f"waits for {what}: due in {duration_text(due - now_ms)}")
     if q.barriers and q.barriers[0] < seq:
         why.append(f"behind barrier message {q.barriers[0]}: nothing later goes until every earlier message is acked")
     if place == "set-aside":
@@ -150,7 +169,7 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
             head_due = q.due_of(g.pending[g.phead])
             if head_due is not None:
                 why.append(f"its group {group!r} is parked: its oldest message {g.pending[g.phead]} waits for its "
-                           f"time (in {max(0, head_due - now_ms)} ms); other groups go on")
+                           f"time (in {duration_text(head_due - now_ms)}); other groups go on")
         if g.inflight and q.held_while_busy:
             why.append(f"its group {group!r} is held by {who} with {g.inflight} in flight (sequenced: no one else "
                        "takes the group until its holder holds none of it)")
