@@ -96,6 +96,27 @@ def decode_state(raw: bytes | None) -> ClusterState | None:
         return None
 
 
+def watch_granted_timeout(zk: Any, granted: Callable[[int], None]) -> None:
+    """Call ``granted(ms)`` with the session timeout ZooKeeper grants at each connect.
+    kazoo sends its ``timeout`` as the ask but keeps no record of the answer (2.11 logs
+    it at BLATHER only), so its connection's handshake is wrapped here."""
+    from kazoo.protocol.serialization import Connect
+
+    conn: Any = getattr(zk, "_connection", None)
+    invoke = getattr(conn, "_invoke", None)
+    if invoke is None:  # a kazoo laid out otherwise: not checked, and said so
+        log.warning("this kazoo does not show the session timeout ZooKeeper grants: not checked")
+        return
+
+    def connect_watched(timeout: float, request: Any, xid: int | None = None) -> Any:
+        result = invoke(timeout, request, xid)
+        if isinstance(request, Connect) and isinstance(result, tuple):
+            granted(int(result[0].time_out))
+        return result
+
+    conn._invoke = connect_watched
+
+
 class Coordinator:
     """One node's link to ZooKeeper: its membership, the lock, the state and the lease.
     ``on_change`` is called (from kazoo's thread) when the state znode or the session
@@ -111,6 +132,9 @@ class Coordinator:
         self.session_timeout_s = session_timeout_ms / 1000
         self.on_change = on_change
         self.zk = KazooClient(hosts=hosts, timeout=self.session_timeout_s)
+        self.asked_ms = session_timeout_ms
+        self.granted_ms = 0  # the session timeout ZooKeeper granted at the last connect (0: none yet)
+        watch_granted_timeout(self.zk, self.session_granted)
         self.state: ClusterState | None = None
         self.alive: set[str] = set()  # the nodes with a live session (their member znodes)
         self.suspended = False
@@ -180,6 +204,24 @@ class Coordinator:
             if not self.registered:
                 log.warning("a node named %r is in the cluster already (our previous session, until it "
                             "expires, or another node with this name): trying again", self.node)
+
+    def session_granted(self, granted_ms: int) -> None:
+        """ZooKeeper's answer to our session request (kazoo's connection thread, before
+        CONNECTED is reported). It clamps the ask to its [minSessionTimeout,
+        maxSessionTimeout]: longer, failover is slower than configured; shorter, the
+        lease must follow it, or a paused leader could serve past its session."""
+        if granted_ms == self.granted_ms:
+            return  # (every reconnect of the same session answers the same)
+        self.granted_ms = granted_ms
+        if granted_ms > self.asked_ms:
+            log.warning("ZooKeeper at %s granted a %d ms session, not the %d ms asked (cluster.session_timeout): a "
+                        "silent leader is replaced only after %d ms. Give ZooKeeper minSessionTimeout=%d (its default "
+                        "is 2 ticks) in its zoo.cfg", self.hosts, granted_ms, self.asked_ms, granted_ms, self.asked_ms)
+        elif granted_ms < self.asked_ms:
+            log.error("ZooKeeper at %s granted a %d ms session, shorter than the %d ms asked "
+                      "(cluster.session_timeout): the leader's lease follows it. Give ZooKeeper maxSessionTimeout=%d "
+                      "(its default is 20 ticks) in its zoo.cfg", self.hosts, granted_ms, self.asked_ms, self.asked_ms)
+        self.session_timeout_s = min(granted_ms, self.asked_ms) / 1000
 
     def session_changed(self, state: str) -> None:
         from kazoo.protocol.states import KazooState
