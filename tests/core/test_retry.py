@@ -220,3 +220,26 @@ def test_bad_retry_settings_and_requests_are_refused():
         with pytest.raises(ProtocolError, match="not-before"):
             h.engine.publish("jobs", b"x", {}, h.now, not_before_ms=nb)
     assert h.engine.queues["jobs"].lease_of  # still leased: nothing was applied
+
+
+@pytest.mark.parametrize("group", [None, "g"])
+def test_explain_says_delayed_for_a_message_waiting_for_its_retry_before_and_after_a_restart(group):
+    from zq.core.explain import explain
+    from zq.journal.base import recover_engine
+    from zq.journal.memory_journal import MemoryJournal
+
+    settings = QueueSettings(name="jobs", backoff_ms=[60_000], backoff_jitter=0.0)
+    journal = MemoryJournal()
+    h = Harness(settings)
+    [a] = h.pub("jobs", group=group)
+    h.sub("w", "jobs", 1)
+    h.commit_to(journal)
+    h.engine.settle("cancel", "w", [a], [1], h.now)
+    h.engine.unsubscribe("w", h.now)
+    h.commit_to(journal)
+    headers = {"group": group} if group else {}
+    before = explain(h.engine, "jobs", a, h.now, "jobs", headers)
+    again = recover_engine(journal, [settings])
+    after = explain(again, "jobs", a, h.now, "jobs", headers)
+    assert before["place"] == after["place"] == "delayed", (before, after)
+    assert before["due_in_ms"] == after["due_in_ms"] == 60_000
