@@ -324,3 +324,15 @@ def test_a_long_endpoint_is_cut_in_the_middle_so_the_state_stays_on_the_first_li
     assert "zq top ipc:///tmp/" in first and "/zq.sock" in first and "connected" in first
     quiet = frame_text(M.disconnected(m.endpoint, m, "SessionLost", 2.0), 80, 24).splitlines()
     assert "no answer for 2.0s" in "".join(quiet[1:3])
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_the_groups_and_tenants_headers_are_never_cut(width):
+    m = M.build("tcp://127.0.0.1:7780", PREV, CURR, 1000, M.History())
+    assert m.groups, "the fixture has a queue with groups"
+    row = m.groups[0]
+    row.busiest = [{"group": f"customer-{i:04d}-with-a-long-name", "pending": 10 + i, "in_flight": 1,
+                    "owner": f"worker-{i}", "holder": f"worker-{i}"} for i in range(12)]  # a long list to give way
+    text = frame_text(m, width=width, height=30)  # (fitted to the height: one line a row)
+    header = next(line for line in text.splitlines() if "busiest (pending, holder)" in line)
+    assert "…" not in header and "in flight" in header, header

@@ -273,7 +273,7 @@ def groups_table(m: TopModel, rows: list | None = None, edge: bool = True, cut: 
     """``cut``: one line a row, the busiest list cut to the width (else it wraps)."""
     t = Table(title="groups", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=edge)
     for col in ("queue", "groups", "in flight"):
-        t.add_column(col, no_wrap=True)
+        t.add_column(col, no_wrap=True, min_width=len(col))  # (a header is never cut: the busiest list gives way)
     label = "busiest (pending, holder)"  # the long one wraps (or is cut): the counts keep their width
     t.add_column(label, min_width=len(label), no_wrap=cut, overflow="ellipsis" if cut else "fold")
     for g in m.groups if rows is None else rows:
@@ -284,7 +284,7 @@ def groups_table(m: TopModel, rows: list | None = None, edge: bool = True, cut: 
 
 def tenants_table(m: TopModel, rows: list | None = None, edge: bool = True, cut: bool = False) -> Table:
     t = Table(title="tenants (fair share)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=edge)
-    t.add_column("queue", no_wrap=True)
+    t.add_column("queue", no_wrap=True, min_width=len("queue"))
     label = "holding most (messages, weight)"  # wraps (or is cut): there may be ten
     t.add_column(label, min_width=len(label), no_wrap=cut, overflow="ellipsis" if cut else "fold")
     for row in m.tenants if rows is None else rows:
