@@ -184,7 +184,10 @@ def test_a_queue_is_never_replaced_and_dead_letters_cannot_target_a_queue_that_r
     h.engine.declare_queue(QueueSettings(name="parking", topics="^p$"), lambda name: False)
     with pytest.raises(ConfigError, match="queue 'x': dead_letter 'parking'"):
         h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^x$"), lambda name: False)
-    h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^(x|parking)$"), lambda name: False)
+    with pytest.raises(ConfigError, match=r"comes back to it \(x -> x\)"):  # x would take its own dead letters
+        h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^(x|parking)$"), lambda name: False)
+    h.engine.declare_queue(QueueSettings(name="catch", topics="^parking$"), lambda name: False)
+    h.engine.declare_queue(QueueSettings(name="x", dead_letter="parking", topics="^x$"), lambda name: False)
     h.engine.declare_queue(QueueSettings(name="jobs.failed", topics="^jobs[.]failed$"), lambda name: False)
 
 

@@ -183,9 +183,21 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     raise ReservedNameError(f"{text}: publish to one of its topics (or give the queue publish_to)")
                 self.notices.append(f"a copy published to {text}: it is in the journal, in no queue")
             elif self.auto_queues:
-                queues = [self.add_queue(auto_queue(topic, self.next_seq, dead_letter=dead_letter))]
+                queues = [self.add_queue(self.auto_settings(topic, dead_letter))]
                 self.route_cache.pop(topic, None)
         return queues
+
+    def auto_settings(self, name: str, dead_letter: bool = True) -> QueueSettings:
+        """An auto-created queue's settings: the defaults of every queue, except a dead
+        letter that would reach no queue (``<name>.dead`` is the name of a queue whose
+        topics do not take it): then none, said in the log."""
+        s = auto_queue(name, self.next_seq, dead_letter=dead_letter)
+        target = s.dead_letter
+        if target is not None and target in self.queues and not self.route(target):
+            self.notices.append(f"queue {name[:80]!r} created without a dead letter: {target[:80]!r} is the name of a "
+                                "queue whose topics do not take it, so its dead letters would reach no queue")
+            s = msgspec.structs.replace(s, dead_letter=None)
+        return s
 
     def keep_provisional(self, q: Queue) -> None:
         """A queue a subscription created gets its first message (or a declare, an alter):
@@ -528,7 +540,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                     f"queue {queue!r} explicitly to have a second queue that gets every one of them as well")
             if max_backlog < 1:
                 raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")
-            q = self.add_queue(auto_queue(queue, self.next_seq), declare=False)
+            q = self.add_queue(self.auto_settings(queue), declare=False)
             self.provisional.add(queue)
         if max_backlog < 1:
             raise ProtocolError(f"max_backlog must be at least 1, got {max_backlog}")

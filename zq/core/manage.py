@@ -23,7 +23,7 @@ import msgspec
 from zq.core import expr, limits
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
-from zq.core.settings import QueueSettings, check_topic
+from zq.core.settings import QueueSettings, check_topic, covers_topic
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -289,21 +289,62 @@ class ManagementMixin:
                 if existing.name in self.provisional:
                     self.keep_provisional(existing)  # type: ignore[attr-defined]  # declared now: kept
                 return False
-            where = "in the config file, which wins" if configured(settings.name) else "at run time"
-            raise QueueExistsError(
-                f"queue {settings.name!r} exists ({where}) with other settings: {'; '.join(differences)} "
-                f"(`zq queue alter` / Client.alter_queue changes what can change on a live queue)")
-        if configured(settings.name):
+            if not (existing.name in self.provisional and not existing.meta and existing.depth == 0):
+                where = "in the config file, which wins" if configured(settings.name) else "at run time"
+                raise QueueExistsError(
+                    f"queue {settings.name!r} exists ({where}) with other settings: {'; '.join(differences)} "
+                    f"(`zq queue alter` / Client.alter_queue changes what can change on a live queue)")
+            # (else only consumers made it, before anyone declared it: the declare decides)
+        elif configured(settings.name):
             raise ConfigError(f"queue {settings.name!r} is defined in the config file, which wins; change it there")
         if settings.dead_letter is not None:
             self.check_dead_letter(settings.dead_letter, settings.name, settings)  # type: ignore[attr-defined]
         for q in self.queues.values():  # type: ignore[attr-defined]
             if q.settings.dead_letter == settings.name:
                 self.check_dead_letter(settings.name, q.name, settings)  # type: ignore[attr-defined]
+        self.check_dead_letter_loop(settings)
+        if existing is not None:
+            self.replace_provisional(existing, settings)
+            return True
         settings = msgspec.structs.replace(settings, start_seq=self.next_seq)  # type: ignore[attr-defined]
         self.add_queue(settings)  # type: ignore[attr-defined]
         return True
 
+    def replace_provisional(self, old: Queue, settings: QueueSettings) -> None:
+        """A queue only consumers made (nothing in it, never journaled) takes the
+        settings a declare gives it; its subscriptions move over."""
+        from zq.core.queue import Queue as QueueClass
+
+        settings = msgspec.structs.replace(settings, start_seq=old.settings.start_seq)
+        q = QueueClass(settings)
+        q.names = old.names
+        for sub in old.subs:
+            sub.queue = q
+            sub.backlog = min(sub.backlog, settings.max_per_subscription_backlog)
+            q.add_subscription(sub)
+        self.queues[settings.name] = q
+        self.route_cache.clear()  # type: ignore[attr-defined]
+        self.keep_provisional(q)  # type: ignore[attr-defined]
+
+    def check_dead_letter_loop(self, settings: QueueSettings) -> None:
+        """Refuse dead letters that come back to the queue that sent them (to itself, or
+        through other queues' dead letters): every expiry would feed the next, forever."""
+        seen = {settings.name}
+        chain = [settings.name]
+        target = settings.dead_letter
+        while target is not None and len(chain) <= len(self.queues) + 1:
+            covering = [settings.name] if covers_topic(settings, target) else []
+            covering += [q.name for q in self.route(target) if q.name != settings.name]  # type: ignore[attr-defined]
+            if settings.name in covering:
+                raise ConfigError(f"queue {settings.name!r}: dead_letter {settings.dead_letter!r} comes back to it "
+                                  f"({' -> '.join(chain + [settings.name])}): each dead letter would expire into the "
+                                  "next, forever; name another topic, or \"\" to drop them")
+            nxt = next((n for n in covering if n not in seen), None)
+            if nxt is None:
+                return
+            seen.add(nxt)
+            chain.append(nxt)
+            target = self.queues[nxt].settings.dead_letter
     def alter_queue(self, name: str, changes: dict[str, Any], configured: Callable[[str], bool]) -> list[str]:
         """Change settings of a live run-time queue (``ALTERABLE`` only): journaled as
         its declaration, so a restart and a standby have them. Returns what changed, as
@@ -327,6 +368,7 @@ class ManagementMixin:
                                 "on a live queue (the sizes of the messages it holds are kept only with a limit)")
         if new.dead_letter is not None and new.dead_letter != old.dead_letter:
             self.check_dead_letter(new.dead_letter, name)  # type: ignore[attr-defined]
+            self.check_dead_letter_loop(new)
         differences = settings_differences(old, new)
         if not differences:
             return []
@@ -376,6 +418,8 @@ def settings_differences(old: QueueSettings, new: QueueSettings) -> list[str]:
         if key in ("start_seq", "name"):
             continue
         a, b = getattr(old, key), getattr(new, key)
+        if key == "fairness":  # None means the kind's default: the same queue either way
+            a, b = old.effective_fairness(), new.effective_fairness()
         if a != b:
             out.append(f"{key}: {short(a)} -> {short(b)}")
     return out
@@ -384,3 +428,4 @@ def settings_differences(old: QueueSettings, new: QueueSettings) -> list[str]:
 def short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+

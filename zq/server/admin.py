@@ -21,7 +21,7 @@ from zq.core.explain import explain as explain_message
 from zq.core.manage import ALTERABLE, FIXED_WHY, BulkCursor
 from zq.journal import replica
 from zq.journal.lmdb_journal import LmdbJournal
-from zq.server.config import CONVERTED_KEYS, QueueSection, queue_settings
+from zq.server.config import CONVERTED_KEYS, QueueSection, queue_settings, setting_changes
 from zq.server.security import Rights
 from zq.server.sessions import Peer, holder_name, sub_key
 from zq.server.snapshots import Snapshots
@@ -229,12 +229,8 @@ def queue_alter(server: AdminHost, peer: Peer, a: dict, now: int) -> Any:
     target = args.get("dead_letter")
     if peer.rights is not None and target is not None and not peer.rights.allows("publish", target):
         raise NotEntitledError(f"queue-alter: this client's key may not publish to {str(target)[:80]!r} (dead_letter)")
-    try:
-        section = msgspec.convert({"name": name, **{k: v for k, v in args.items() if v is not None}}, type=QueueSection)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(f"queue-alter: {exc}") from None
-    parsed = queue_settings(section, f"queue {name!r}")
-    changes = {field: getattr(parsed, field) for field in fields.values()}
+    current = server.engine.queue(name).settings  # (an unknown queue: unknown-queue, before the values)
+    changes = setting_changes(args, current, f"queue {name[:80]!r}")
     changed = server.engine.alter_queue(name, changes, server.configured_queue)
     return {"changed": changed, "settings": msgspec.to_builtins(server.engine.queues[name].settings)}
 

@@ -354,6 +354,34 @@ _CONVERTED = {
 CONVERTED_KEYS = {key: name for key, (name, _) in _CONVERTED.items()}
 
 
+def setting_changes(args: dict[str, Any], current: QueueSettings, where: str) -> dict[str, Any]:
+    """``queue-alter``'s config keys (``lease = "5s"``; None: back to the default) as
+    settings fields, read against the queue's own settings (its topics decide the
+    default dead letter). The engine checks the result whole (``alter_queue``)."""
+    out: dict[str, Any] = {}
+    defaults = {f.name: f.default for f in msgspec.structs.fields(QueueSettings)}
+    for key, value in args.items():
+        if key in _CONVERTED:
+            name, convert = _CONVERTED[key]
+            out[name] = convert(value, f"{where}.{key}") if value else 0
+        elif key == "backoff":
+            if value is None:
+                out["backoff_ms"] = list(DEFAULT_BACKOFF_MS)
+            elif type(value) is not list or len(value) > limits.BACKOFF_STEPS_MAX:
+                raise ConfigError(f"{where}.backoff: a list of at most {limits.BACKOFF_STEPS_MAX} durations")
+            else:
+                out["backoff_ms"] = [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
+        elif key == "dead_letter":
+            out[key] = default_dead_letter(current.name, current.topics) if value is None else value or None
+        else:
+            out[key] = defaults[key] if value is None else value
+    try:  # types, as the config file's are checked (a string where a count goes...)
+        msgspec.convert({**msgspec.to_builtins(current), **out}, type=QueueSettings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return out
+
+
 def queue_settings(q: QueueSection, where: str) -> QueueSettings:
     if q.topics is not None:
         try:
