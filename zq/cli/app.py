@@ -282,6 +282,8 @@ def publish(
         if delay_s < 0:
             raise fail("--delay must not be negative", RET_USAGE)
     with client_for(endpoint) as c:
+        # A publish held for a second or more: say what it waits for (once per reason).
+        c.on_notice = lambda n: typer.echo(f"zq publish: not confirmed yet: {n.message}", err=True)
         known = {q["name"] for q in c.queues()}
         try:
             if data is not None:
@@ -297,6 +299,9 @@ def publish(
                     typer.echo(f.result(60))
         except ZqError as exc:
             raise fail(str(exc)) from None
+        except TimeoutError:  # (the notice above said what it waits for)
+            raise fail("not confirmed in time: the message may or may not be stored (publish it again with --id to "
+                       "be sure it is stored once)") from None
         if topic not in known and any(q["name"] == topic for q in c.queues()):  # a typo makes a queue: say so
             typer.echo(f"zq publish: no queue covered {topic!r}: created queue {topic!r}, which keeps these "
                        f"messages until they are consumed (`zq queue list` shows every queue)", err=True)

@@ -54,6 +54,7 @@ from zq.client.session import (
     Endpoints,
     Outgoing,
     Lost,
+    NoticeLog,
     RetryLog,
     SessionLost,
     Watch,
@@ -119,6 +120,7 @@ class Client:
             connect_timeout = 10.0
         self._fail_fast = not wait_for_dispatcher
         self._retry_log = RetryLog(log)
+        self._notices = NoticeLog(log)  # what held publishes wait for, said once per reason
         self._why: Lost | None = None  # why the session just ended, if session_lost said
         self._last_why: Lost | None = None  # ... and the last one that did (a connect timeout's error says it)
         self._watching: Watch | None = None  # what the current session's monitor said (read by a connect that timed out)
@@ -176,6 +178,20 @@ class Client:
             raise ConnectionLost(f"no answer from a zq dispatcher at {endpoint} within {connect_timeout}s{why}") from exc
 
     # ---------------------------------------------------------------- API
+
+    @property
+    def on_notice(self) -> Callable[[wire.Notice], object] | None:
+        """Called with the dispatcher's ``wire.Notice`` when this client's publishes have
+        waited a second or more for their confirmation (the standbys of ``replicas_ack``,
+        or a flow-control queue over its limits): ``message`` says what they wait for.
+        Once per reason while they wait, in the client's I/O thread (return quickly).
+        None (the default): logged as a WARNING of logger ``zq.client``. The publishes
+        go on waiting either way."""
+        return self._notices.hook
+
+    @on_notice.setter
+    def on_notice(self, hook: Callable[[wire.Notice], object] | None) -> None:
+        self._notices.hook = hook
 
     def publish(
         self,
@@ -760,6 +776,10 @@ class Client:
         t = type(msg)
         self._resolve(msg.req, msg.bookmarks if t is wire.Confirm else msg.data if t is wire.Reply else msg)
 
+    def _on_notice(self, sock: zmq.Socket, msg: wire.Notice) -> None:
+        """What this connection's held publishes wait for: said, once per reason."""
+        self._notices.tell(msg)
+
     def _on_end(self, sock: zmq.Socket, msg: wire.End) -> None:
         sub = self._subs.get(msg.sub)
         if sub is not None:
@@ -899,6 +919,8 @@ class Client:
         entry = self._publishes.pop(req, None)
         if entry is not None:
             self._publish_done(entry[0], value, None)
+            if not self._publishes:
+                self._notices.confirmed()  # nothing waits now: a later wait is told again
             return
         pending = self._pending.pop(req, None)
         if pending is not None and pending[0] is not None and not pending[0].done():
@@ -908,6 +930,8 @@ class Client:
         entry = self._publishes.pop(req, None)
         if entry is not None:
             self._publish_done(entry[0], None, exc)
+            if not self._publishes:
+                self._notices.confirmed()
             return
         pending = self._pending.pop(req, None)
         if pending is not None and pending[0] is not None and not pending[0].done():
@@ -959,6 +983,7 @@ FRAME_HANDLERS: dict[type, Callable[[Client, zmq.Socket, Any], str | None]] = {
     wire.Refused: Client._on_refused,
     wire.Error: Client._on_error,
     wire.Welcome: Client._on_welcome_frame,
+    wire.Notice: Client._on_notice,
 }
 
 

@@ -20,12 +20,14 @@ dispatcher drop the repeats).
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
 import zmq
 
 from zq import wire
@@ -34,6 +36,7 @@ from zq.client.session import (
     ConnectionLost,
     Endpoints,
     Lost,
+    NoticeLog,
     check_target,
     close_session_socket,
     connect_error,
@@ -54,6 +57,8 @@ from zq.core.settings import check_topic
 from zq.keys import client_curve
 
 __all__ = ["Publisher"]
+
+log = logging.getLogger("zq.publisher")
 
 
 class Publisher:
@@ -93,6 +98,7 @@ class Publisher:
         self._sock: Any = None  # a zmq.Socket, or an in-process link to an embedded dispatcher
         self._poller: Any = None
         self._last_sent = 0.0
+        self._notices = NoticeLog(log)  # what a held publish waits for, said once per reason and call
         try:
             self._open_session(10.0 if connect_timeout is None else connect_timeout)
         except BaseException:
@@ -115,6 +121,18 @@ class Publisher:
         flight); returns the bookmarks in order."""
         items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]  # type: ignore[arg-type]
         return self._publish(topic, items, timeout, delay_fields(kw.get("delay"), kw.get("not_before")))
+
+    @property
+    def on_notice(self) -> Callable[[wire.Notice], object] | None:
+        """As ``zq.Client.on_notice``: called (in the publishing thread) with the
+        dispatcher's ``wire.Notice`` when a publish has waited a second or more for its
+        confirmation, once per reason per call; None (the default): logged as a WARNING
+        of logger ``zq.publisher``. The call goes on waiting either way."""
+        return self._notices.hook
+
+    @on_notice.setter
+    def on_notice(self, hook: Callable[[wire.Notice], object] | None) -> None:
+        self._notices.hook = hook
 
     def close(self) -> None:
         if self.closed:
@@ -147,6 +165,7 @@ class Publisher:
         deadline = time.monotonic() + timeout
         chunks = list(publish_chunks(items))
         results: list[list[int] | None] = [None] * len(chunks)
+        self._notices.confirmed()  # (a new wait: told again)
         while True:
             try:
                 self._send_and_wait(topic, chunks, results, deadline, delay)
@@ -180,6 +199,8 @@ class Publisher:
                 raise _SessionLost
             elif t is wire.Error and reply.req in inflight:  # type: ignore[attr-defined]
                 raise error_from(reply.code, reply.message)  # type: ignore[attr-defined]
+            elif t is wire.Notice:  # what the held confirmations wait for: said, and waited for
+                self._notices.tell(reply)  # type: ignore[arg-type]
 
     def _send(self, frame: bytes) -> None:
         try:
@@ -208,7 +229,9 @@ class Publisher:
             wait = min(hb / 2, deadline - now)
             frame = self._recv(wait)
             if frame is not None:
-                return wire.server_decoder.decode(frame)
+                msg = decoded(frame)
+                if msg is not None:
+                    return msg
 
     def _recv(self, wait: float) -> bytes | None:
         """A frame, waiting up to ``wait`` seconds (a dropped connection ends the wait)."""
@@ -266,7 +289,7 @@ class Publisher:
             frame = self._recv(min(deadline - now, self._window_s()))
             if frame is None:
                 continue
-            msg = wire.server_decoder.decode(frame)
+            msg = decoded(frame)
             answer = session_answer(msg, self._endpoints)
             if answer == "welcome":
                 self.heartbeat_ms = msg.heartbeat_ms  # type: ignore[attr-defined]
@@ -274,6 +297,16 @@ class Publisher:
                 return None
             if answer == "reset":
                 return "reset"
+
+
+def decoded(frame: bytes) -> object:
+    """A dispatcher's frame, or None (logged) for one this client cannot read: a frame
+    it does not know is skipped, never the end of a publish."""
+    try:
+        return wire.server_decoder.decode(frame)
+    except msgspec.MsgspecError as exc:
+        log.error("undecodable frame from the dispatcher: %s", str(exc)[:200])
+        return None
 
 
 class _SessionLost(Exception):

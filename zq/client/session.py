@@ -11,7 +11,7 @@ import math
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -201,7 +201,7 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
         mon.connect(address)
         sock.connect(endpoint)
         try:
-            sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+            sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name, list(ACCEPTS))))
         except zmq.Again:
             # No connection to queue it on (a handshake the server refused, e.g. plaintext
             # to a CurveZMQ dispatcher, drops it): no WELCOME comes, and the caller's wait
@@ -341,6 +341,39 @@ class RetryLog:
 
     def served(self) -> None:
         self.said.clear()
+
+
+ACCEPTS = (wire.NOTICE,)  # the optional frames every client here understands (its HELLO says so)
+
+
+class NoticeLog:
+    """Says the dispatcher's NOTICE (what held publish confirmations wait for) once per
+    reason while the publishes wait: as a WARNING of ``logger``, or to ``hook`` when one
+    is set (the CLI prints it). ``confirmed`` (nothing is waiting any more) forgets
+    what was said, so that a later wait is told again."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.said: set[tuple[str, str]] = set()
+        self.hook: Callable[[wire.Notice], object] | None = None
+
+    def tell(self, msg: wire.Notice) -> None:
+        key = (msg.code, msg.queue)
+        if key in self.said:
+            return
+        self.said.add(key)
+        if self.hook is not None:
+            try:
+                self.hook(msg)
+            except Exception:  # noqa: BLE001 -- a caller's hook never ends the client's I/O
+                self.logger.exception("on_notice hook failed")
+            return
+        self.logger.warning("publish not confirmed yet (%d frame%s waiting %.1fs): %s", msg.held,
+                            "" if msg.held == 1 else "s", msg.waited_ms / 1000, msg.message)
+
+    def confirmed(self) -> None:
+        if self.said:
+            self.said.clear()
 
 
 def session_answer(msg: object, endpoints: "Endpoints") -> str | None:

@@ -151,6 +151,7 @@ class Commands:
         if key is not None and rights is not None:
             self.quotas.check_session(key, rights)
         fresh = self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
+        fresh.notices = wire.NOTICE in cmd.accepts
         old = self.leftovers.pop(peer_id, None)
         if old is not None:
             self.outflow.inherit(fresh, old)

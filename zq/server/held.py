@@ -14,6 +14,13 @@ everything held, and must not outlive, or grow without bound for, its publisher:
 * one publisher holds at most ``CONFIRMATIONS_HELD_PER_PEER_MAX``: its next publish is
   refused (``limit``, nothing stored) until some are released. A client's own window
   (1,024 frames) stays well inside it.
+
+A publisher is told what it waits for (a NOTICE, sent by the loop: ``due_notices``)
+once none of its confirmations held for one reason (the standbys, or one queue) was
+sent for ``NOTICE_AFTER_MS``, and again every ``NOTICE_EVERY_MS`` while that lasts.
+For that each publisher keeps, per reason, a count and the time of its last progress
+(the first hold, or the last release): a few entries per publisher, looked at only when
+the earliest of them may be due, never a scan of what is held.
 """
 
 from __future__ import annotations
@@ -21,22 +28,53 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 
 from zq.core.errors import LimitError
 
 CONFIRMATIONS_HELD_PER_PEER_MAX = 4096  # publish frames of one connection waiting for a held CONFIRM
 
+NOTICE_AFTER_MS = 1000  # a publisher is told what it waits for once nothing was confirmed for this long ...
+NOTICE_EVERY_MS = 5000  # ... and again this often while the wait lasts (per reason)
+REPLICAS: str | None = None  # the reason of replicas_ack waits (flow-control ones are their queue's name)
+NEVER = 1 << 62
+
 Send = Callable[[bytes, bytes], object]
 
 
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Wait:
+    """One publisher's confirmations held for one reason."""
+
+    __slots__ = ("count", "since", "told")
+
+    def __init__(self, since: int) -> None:
+        self.count = 1
+        self.since = since  # ms: the first hold, or the last release since (the last progress)
+        self.told = 0  # ms: the last NOTICE about it (0: none yet)
+
+    def due(self) -> int:
+        """When a NOTICE about it is due."""
+        due = self.since + NOTICE_AFTER_MS
+        return max(due, self.told + NOTICE_EVERY_MS) if self.told else due
+
+
 class HeldConfirmations:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = wall_ms) -> None:
         self.replicated: list[tuple[int, int, bytes, bytes]] = []  # heap: (needs, order, peer, frame)
         self.flow: dict[str, list[tuple[bytes, bytes, list[str]]]] = {}  # a blocked queue -> what waits on it
         self.per_peer: collections.Counter[bytes] = collections.Counter()
         self.flow_count = 0
         self._order = itertools.count()
+        self.clock = clock
+        # What each publisher with something held waits for: reason (REPLICAS, or a
+        # queue's name) -> its Wait. Empty when nothing is held.
+        self.waits: dict[bytes, dict[str | None, Wait]] = {}
+        self.next_notice_ms = NEVER  # no NOTICE is due before this (a lower bound)
 
     def __len__(self) -> int:
         return sum(self.per_peer.values())
@@ -53,14 +91,19 @@ class HeldConfirmations:
     def hold_replicated(self, peer_id: bytes, frame: bytes, needs: int) -> None:
         heapq.heappush(self.replicated, (needs, next(self._order), peer_id, frame))
         self.per_peer[peer_id] += 1
+        self._waits_on(peer_id, REPLICAS, self.clock())
 
     def release_replicated(self, upto: int, send: Send) -> None:
         """Send those whose last bookmark is below ``upto`` (synced on enough standbys)."""
         # (self.replicated is read again each time: a send that finds its peer gone drops
         # the peer, and drop_peer replaces the heap)
+        if not self.replicated or self.replicated[0][0] > upto:
+            return
+        now = self.clock()
         while self.replicated and self.replicated[0][0] <= upto:
             _, _, peer_id, frame = heapq.heappop(self.replicated)
             self._forget(peer_id)
+            self._waited(peer_id, REPLICAS, now)
             send(peer_id, frame)
 
     # --------------------------------------------------- flow control
@@ -69,6 +112,7 @@ class HeldConfirmations:
         self.flow.setdefault(blocked[0], []).append((peer_id, frame, blocked))
         self.per_peer[peer_id] += 1
         self.flow_count += 1
+        self._waits_on(peer_id, blocked[0], self.clock())
 
     def release_flow(self, still_blocked: Callable[[str], bool], confirm: Send) -> None:
         """Confirm what waited on queues no longer over their limits; what still waits on
@@ -76,11 +120,19 @@ class HeldConfirmations:
         if not self.flow:
             return
         drained = [name for name in self.flow if not still_blocked(name)]
+        if not drained:
+            return
+        now = self.clock()
         for name in drained:
             for peer_id, frame, names in self.flow.pop(name, ()):  # (a send may have dropped a peer's)
+                if peer_id not in self.waits:  # dropped by a send of this release (drop_peer missed
+                    self.flow_count -= 1  # these: they were popped with the list)
+                    continue
+                self._waited(peer_id, name, now)
                 other = next((n for n in names if n != name and still_blocked(n)), None)
                 if other is not None:
                     self.flow.setdefault(other, []).append((peer_id, frame, names))
+                    self._waits_on(peer_id, other, now)
                     continue
                 self.flow_count -= 1
                 self._forget(peer_id)
@@ -89,7 +141,8 @@ class HeldConfirmations:
     # --------------------------------------------------- publishers
 
     def drop_peer(self, peer_id: bytes) -> None:
-        """A publisher left: what it was owed goes with it."""
+        """A publisher left: what it was owed goes with it (and nothing more is said to it)."""
+        self.waits.pop(peer_id, None)
         if not self.per_peer.pop(peer_id, 0):
             return
         kept = [item for item in self.replicated if item[2] != peer_id]
@@ -110,3 +163,49 @@ class HeldConfirmations:
             self.per_peer[peer_id] = left
         else:
             self.per_peer.pop(peer_id, None)
+
+    # --------------------------------------------------- notices
+
+    def _waits_on(self, peer_id: bytes, reason: str | None, now: int) -> None:
+        waits = self.waits.get(peer_id)
+        if waits is None:
+            waits = self.waits[peer_id] = {}
+        wait = waits.get(reason)
+        if wait is None:
+            waits[reason] = Wait(now)
+            if now + NOTICE_AFTER_MS < self.next_notice_ms:
+                self.next_notice_ms = now + NOTICE_AFTER_MS
+        else:
+            wait.count += 1
+
+    def _waited(self, peer_id: bytes, reason: str | None, now: int) -> None:
+        """One of ``peer_id``'s confirmations held for ``reason`` is no longer: progress."""
+        waits = self.waits.get(peer_id)
+        wait = waits.get(reason) if waits is not None else None
+        if wait is None:
+            return
+        wait.count -= 1
+        if wait.count > 0:
+            wait.since = now
+            return
+        del waits[reason]  # type: ignore[union-attr]
+        if not waits:
+            del self.waits[peer_id]
+
+    def due_notices(self, now: int) -> list[tuple[bytes, str | None, Wait]]:
+        """The waits a publisher is to be told about now: (peer, reason, its Wait), each
+        marked as told. Looks at the waits only once the earliest may be due."""
+        if now < self.next_notice_ms:
+            return []
+        due: list[tuple[bytes, str | None, Wait]] = []
+        earliest = NEVER
+        for peer_id, waits in self.waits.items():
+            for reason, wait in waits.items():
+                at = wait.due()
+                if at <= now:
+                    wait.told = now
+                    due.append((peer_id, reason, wait))
+                    at = now + NOTICE_EVERY_MS
+                earliest = min(earliest, at)
+        self.next_notice_ms = earliest
+        return due

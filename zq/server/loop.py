@@ -78,6 +78,7 @@ JOURNAL_RETRY_MS = 200  # while commits fail (a full disk), how often one is tri
 JOURNAL_FULL_BYTES = 1 << 20  # under this much free space a failed commit is called "disk full"
 # What one loop iteration does, in order: the watchdog keeps the split of the longest.
 LOOP_PHASES = ("receive", "bulk+ranges", "engine", "append", "commit+send", "claims+replay", "heartbeat+retention")
+STANDBYS_NAMED_MAX = 8  # a NOTICE of a replicated wait names at most this many standbys
 SLOW_COMMAND_MS = 100  # a command that holds the loop longer is logged (the watchdog's threshold)
 BYE_FRAME = wire.encode(wire.Bye())
 CONFIRM_TAG = wire.encode(wire.Confirm(0, []))[1:9]  # a CONFIRM frame's tag, as encoded: fixstr "confirm"
@@ -289,6 +290,8 @@ class Server(Commands, Stats):
             deadline = min(deadline, claim_due)
         if self.bounds_waiting:
             deadline = min(deadline, self.bounds_wake_ms)
+        if self.confirmations.waits:  # (a publisher may be due a NOTICE of what it waits for)
+            deadline = min(deadline, self.confirmations.next_notice_ms)
         if self.journal_down is not None:
             deadline = min(deadline, self.journal_retry_ms)
         elif self.replayer.busy() or self.bulk_actions or self.carried is not None:
@@ -371,6 +374,8 @@ class Server(Commands, Stats):
             self.cluster.tick(self.peers, now, self.engine.next_seq)
         if self.confirmations.replicated:
             self.release_replicated()
+        if self.confirmations.waits and now >= self.confirmations.next_notice_ms:
+            self.notify_held(now)
         if self.paused_peers:
             self.resume_paused(now)
         if self.journal_down is None:
@@ -407,7 +412,7 @@ class Server(Commands, Stats):
             # 1..255 bytes (a client may choose its own, zero byte first included).
             link = LocalLink(self, local_link_id(self.link_serial))
             self.links[link.peer_id] = link
-        link.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
+        link.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name, [wire.NOTICE])))
         return link
 
     def close_link(self, link: LocalLink) -> None:
@@ -691,6 +696,76 @@ class Server(Commands, Stats):
         """Send confirmations whose queues are no longer over their limits."""
         queues = self.engine.queues
         self.confirmations.release_flow(lambda n: n in queues and queues[n].blocked, self.confirm)
+
+    def notify_held(self, now: int) -> None:
+        """Tell publishers whose held confirmations have not moved for a second what they
+        wait for (a NOTICE, to sessions that accept it; ``zq.server.held``)."""
+        replicas: str | None = None  # (the same words for every publisher: said once per tick)
+        for peer_id, reason, wait in self.confirmations.due_notices(now):
+            peer = self.peers.get(peer_id)
+            if peer is None or not peer.notices:
+                continue
+            if reason is None:
+                if replicas is None:
+                    replicas = self.replicas_wait()
+                notice = wire.Notice(wire.NOTICE_REPLICAS, replicas, wait.count, now - wait.since)
+            else:
+                notice = wire.Notice(wire.NOTICE_FLOW, self.flow_wait(reason), wait.count, now - wait.since, reason)
+            self.send(peer_id, wire.encode(notice))
+
+    def flow_wait(self, name: str) -> str:
+        """What a confirmation held on flow-control queue ``name`` waits for, in words."""
+        q = self.engine.queues.get(name)
+        if q is None:
+            return f"waiting for queue {name!r} to drain below its limits (overflow = flow-control)"
+        s = q.settings
+        limits_now = []
+        if s.max_depth:
+            limits_now.append(f"{q.held():,} messages of max_depth {s.max_depth:,}")
+        if s.max_bytes:
+            limits_now.append(f"{q.bytes:,} bytes of max_bytes {s.max_bytes:,}")
+        return (f"queue {name!r} is over its limits ({', '.join(limits_now)}; overflow = flow-control): "
+                f"confirmed once consumers drain it below {s.resume_percent}% of them")
+
+    def replicas_wait(self) -> str:
+        """What a confirmation held for the standbys waits for, in words: how many it
+        needs, and which standbys are connected (in sync, how far behind) or none."""
+        end = self.engine.next_seq
+        standbys = sorted((p for p in self.peers.values() if p.replica_position >= 0),
+                          key=lambda p: p.replica_position, reverse=True)
+
+        def lag(n: int) -> str:
+            return f"{n:,} record{'' if n == 1 else 's'} behind" if n else "has everything committed"
+
+        def listed(peers: list[Peer]) -> str:
+            shown = [f"{(p.node or p.name)[:64]!r} ({lag(end - p.replica_position)})" for p in peers[:STANDBYS_NAMED_MAX]]
+            more = len(peers) - len(shown)
+            return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+        k = self.config.replicas_ack
+        cluster = self.cluster
+        if cluster is None:
+            text = f"waiting for {k} standby{'s' if k != 1 else ''} to have it on disk (replicas_ack = {k})"
+            if not standbys:
+                return f"{text}; none is connected"
+            few = f"only {len(standbys)} {'is' if len(standbys) == 1 else 'are'} connected" if len(standbys) < k \
+                else f"{len(standbys)} connected"
+            return f"{text}; {few}: {listed(standbys)}"
+        in_sync = cluster.isr - {cluster.node}
+        if not k:  # (a clean stop: every in-sync standby first)
+            text = "waiting for every in-sync standby to have it on disk before this leader stops (hand-over)"
+        else:
+            need = cluster.need
+            text = (f"waiting for {need} standby{'s' if need != 1 else ''} to have it on disk, and for every in-sync "
+                    f"one (replicas_ack = {k}" + (f", min_insync = {need})" if need > k else ")"))
+        if not standbys:
+            return f"{text}; none is connected"
+        synced = [p for p in standbys if p.node in in_sync]
+        behind = [p for p in standbys if p.node not in in_sync]
+        parts = [f"in sync: {listed(synced) if synced else 'none'}"]
+        if behind:
+            parts.append(f"connected, not in sync yet: {listed(behind)}")
+        return f"{text}; {'; '.join(parts)}"
 
     # -------------------------------------------------- replicated confirmations
 

@@ -31,6 +31,7 @@ class Peer:
     rights: Rights | None = None  # with security on: what this client's key may do
     replica_position: int = -1  # a standby: every record below this is synced on its disk (-1: not a standby)
     node: str = ""  # a cluster standby's node name
+    notices: bool = False  # its HELLO accepts NOTICE frames (what its held confirmations wait for)
     prev_end: int = 0  # a cluster standby: the journal's end at its previous report (has it caught up?)
     key: str | None = None  # with security on: the client key (ZAP User-Id) the session was opened with
     bounds_waiting: int = 0  # its BOUNDS waiting for the journal to grow (a standby has one)

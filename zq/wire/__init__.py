@@ -31,6 +31,9 @@ class _Cmd(msgspec.Struct, array_like=True, gc=False, tag_field="t"):
 class Hello(_Cmd, tag="hello"):
     version: int
     name: str = ""  # human label, e.g. "host:pid worker-3"
+    # Optional server frames this client understands (``NOTICE``): the dispatcher sends
+    # none of them to a session that did not name it, so an older client never sees one.
+    accepts: list[str] = []
 
 
 class Publish(_Cmd, tag="pub"):
@@ -289,8 +292,21 @@ class Error(_Cmd, tag="error"):
     message: str
 
 
+class Notice(_Cmd, tag="notice"):
+    """What this connection's publishes wait for, in words: none of its confirmations held
+    for ``code`` was sent for ``waited_ms`` (``zq.server.held``). Nothing to answer; the
+    confirmations still come once the wait is over. Sent only to a session whose HELLO
+    ``accepts`` it, once per reason every few seconds while the wait lasts."""
+
+    code: str  # NOTICE_REPLICAS or NOTICE_FLOW
+    message: str  # one line for a human: what is awaited, and what is there now
+    held: int = 0  # this connection's PUBLISH frames waiting for it
+    waited_ms: int = 0  # how long none of them was confirmed
+    queue: str = ""  # flow-control: the queue over its limits
+
+
 ServerCommand = (Welcome | Confirm | Subscribed | DeliverRecords | Refused | Reply | Error | Heartbeat | End | Records
-                 | Revoke)
+                 | Revoke | Notice)
 
 
 client_decoder = msgspec.msgpack.Decoder(ClientCommand)
@@ -299,6 +315,11 @@ encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode
 
 HEARTBEAT_FRAME = encode(Heartbeat())
+
+# NOTICE: the optional frame a HELLO may accept, and its codes.
+NOTICE = "notice"
+NOTICE_REPLICAS = "replicas-ack"  # confirmations wait for standbys to have the messages on disk
+NOTICE_FLOW = "flow-control"  # confirmations wait for a flow-control queue to drain below its limits
 
 # Error codes that end a session: the client must say HELLO again and resubscribe.
 RESET = "reset"  # the server dropped every session (reserved: zq itself no longer sends it, clients still obey it)
