@@ -153,3 +153,24 @@ def test_only_zookeeper_proves_a_standby_or_deposes_the_leader():
     d.wake = lambda: woke.append(1)
     on_newer()  # ZooKeeper says the epoch moved
     assert d.deposed and not d.serving() and woke == [1]
+
+
+def test_a_session_zookeeper_grants_longer_is_warned_and_a_shorter_one_shortens_the_lease(caplog):
+    """ZooKeeper clamps the asked session to its min/max: longer, a silent leader is
+    replaced later than configured (a warning says how to fix it); shorter, the leader's
+    lease must follow it, or a paused leader could serve past its session."""
+    import logging
+    from types import SimpleNamespace
+
+    from zq.server.election import Coordinator
+
+    node = SimpleNamespace(asked_ms=2000, granted_ms=0, hosts="127.0.0.1:2181", session_timeout_s=2.0)
+    with caplog.at_level(logging.WARNING, logger="zq.election"):
+        Coordinator.session_granted(node, 4000)  # type: ignore[arg-type]
+    assert "granted a 4000 ms session, not the 2000 ms asked" in caplog.text and node.session_timeout_s == 2.0
+    caplog.clear()
+    Coordinator.session_granted(node, 4000)  # type: ignore[arg-type]  # the same again (a reconnect): said once
+    assert caplog.text == ""
+    with caplog.at_level(logging.WARNING, logger="zq.election"):
+        Coordinator.session_granted(node, 1000)  # type: ignore[arg-type]
+    assert "shorter than the 2000 ms asked" in caplog.text and node.session_timeout_s == 1.0
