@@ -354,6 +354,25 @@ _CONVERTED = {
 CONVERTED_KEYS = {key: name for key, (name, _) in _CONVERTED.items()}
 
 
+def setting_of(key: str, value: Any, name: str, topics: str | None, where: str) -> tuple[str, Any]:
+    """One ``[[queue]]`` key's value as its settings field: units converted, ``backoff``
+    and ``dead_letter`` left out (None) as the defaults every queue shares."""
+    if key in _CONVERTED:
+        field, convert = _CONVERTED[key]
+        return field, convert(value, f"{where}.{key}") if value else 0
+    if key == "backoff":
+        if value is None:
+            return "backoff_ms", list(DEFAULT_BACKOFF_MS)
+        if type(value) is not list or len(value) > limits.BACKOFF_STEPS_MAX:
+            raise ConfigError(f"{where}.backoff: a list of at most {limits.BACKOFF_STEPS_MAX} durations")
+        return "backoff_ms", [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
+    if key == "dead_letter":
+        return key, default_dead_letter(name, topics) if value is None else value or None
+    if key == "group_header":
+        return key, value or None
+    return key, value
+
+
 def setting_changes(args: dict[str, Any], current: QueueSettings, where: str) -> dict[str, Any]:
     """``queue-alter``'s config keys (``lease = "5s"``; None: back to the default) as
     settings fields, read against the queue's own settings (its topics decide the
@@ -361,20 +380,12 @@ def setting_changes(args: dict[str, Any], current: QueueSettings, where: str) ->
     out: dict[str, Any] = {}
     defaults = {f.name: f.default for f in msgspec.structs.fields(QueueSettings)}
     for key, value in args.items():
-        if key in _CONVERTED:
-            name, convert = _CONVERTED[key]
-            out[name] = convert(value, f"{where}.{key}") if value else 0
-        elif key == "backoff":
-            if value is None:
-                out["backoff_ms"] = list(DEFAULT_BACKOFF_MS)
-            elif type(value) is not list or len(value) > limits.BACKOFF_STEPS_MAX:
-                raise ConfigError(f"{where}.backoff: a list of at most {limits.BACKOFF_STEPS_MAX} durations")
-            else:
-                out["backoff_ms"] = [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
-        elif key == "dead_letter":
-            out[key] = default_dead_letter(current.name, current.topics) if value is None else value or None
+        if value is None and key not in ("backoff", "dead_letter"):
+            field = CONVERTED_KEYS.get(key, key)
+            out[field] = defaults[field]
         else:
-            out[key] = defaults[key] if value is None else value
+            field, out_value = setting_of(key, value, current.name, current.topics, where)
+            out[field] = out_value
     try:  # types, as the config file's are checked (a string where a count goes...)
         msgspec.convert({**msgspec.to_builtins(current), **out}, type=QueueSettings)
     except msgspec.ValidationError as exc:
@@ -388,23 +399,8 @@ def queue_settings(q: QueueSection, where: str) -> QueueSettings:
             compile_pattern(q.topics)
         except PatternError as exc:
             raise ConfigError(f"{where}.topics: {q.topics[:80]!r}: {exc}") from None
-    kwargs: dict[str, Any] = {}
-    for key in QueueSection.__struct_fields__:  # same-named keys copy; units are converted
-        value = getattr(q, key)
-        if key in _CONVERTED:
-            name, convert = _CONVERTED[key]
-            kwargs[name] = convert(value, f"{where}.{key}") if value else 0
-        elif key == "backoff":
-            if value is None:
-                kwargs["backoff_ms"] = list(DEFAULT_BACKOFF_MS)
-                continue
-            if len(value) > limits.BACKOFF_STEPS_MAX:
-                raise ConfigError(f"{where}.backoff: at most {limits.BACKOFF_STEPS_MAX} steps")
-            kwargs["backoff_ms"] = [duration_ms(v, f"{where}.backoff[{i}]") for i, v in enumerate(value)]
-        else:
-            kwargs[key] = value
-    kwargs["group_header"] = q.group_header or None
-    kwargs["dead_letter"] = default_dead_letter(q.name, q.topics) if q.dead_letter is None else q.dead_letter or None
+    kwargs: dict[str, Any] = dict(setting_of(key, getattr(q, key), q.name, q.topics, where)
+                                  for key in QueueSection.__struct_fields__)
     settings = QueueSettings(**kwargs)
     try:
         return settings.validate()
