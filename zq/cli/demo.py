@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zq.client import Client
+from zq.core.settings import QueueSettings
 from zq.server.config import Config
 from zq.server import Dispatcher
 
@@ -59,7 +60,10 @@ def fleet(*, messages: int, workers: int, backlog: int, fail_rate: float, data: 
     try:
         if data is None:
             data = tmp = tempfile.mkdtemp(prefix="zq-demo-")
-        config = Config(data=data, bind=["tcp://127.0.0.1:0"], heartbeat_ms=500)
+        # Its queue retries a cancelled job after 50 ms (the default waits 1 s, then longer:
+        # right for real failures, but a demo's 1 % of cancels would park their customers' groups).
+        demo_queue = QueueSettings(name=QUEUE, backoff_ms=[50], dead_letter=f"{QUEUE}.dead")
+        config = Config(data=data, bind=["tcp://127.0.0.1:0"], heartbeat_ms=500, queues=[demo_queue])
         dispatcher = Dispatcher(config).start()
         console.print(f"[bold]zq demo[/]: dispatcher on {dispatcher.endpoint}, journal in {config.data}")
         procs += start_workers(dispatcher.endpoint, workers, backlog, fail_rate)
