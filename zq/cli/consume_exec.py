@@ -396,7 +396,8 @@ class ExecRun:
         if first:
             shell = f": {said}" if said else ""
             say(f"cannot run `{self.shown}`: exit {rc}, {CANNOT_RUN.get(rc, 'cannot start')}{shell}. Bookmark "
-                f"{msg.bookmark} went back to the queue, not counted as failed; taking no more messages "
+                f"{msg.bookmark} went back to the queue (as does every message whose command could not run), not counted "
+                f"as failed; taking no more messages "
                 f"(fix the command, then run zq consume again)")
 
 

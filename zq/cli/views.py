@@ -48,7 +48,8 @@ def queue_rows(queues: list[dict], stats: dict) -> tuple[str, list[str], list[li
 
 def queue_summary(s: dict) -> str:
     """A queue's settings in one line, the ones a user chose or must know."""
-    parts = [f"topics {s.get('topics') or s['name']}", s["semantics"], s.get("fairness") or "default fairness",
+    fairness = s.get("fairness") or ("round-robin" if s["semantics"] == "at-most-once" else "proportional")
+    parts = [f"topics {s.get('topics') or s['name']}", s["semantics"], f"{fairness} fairness",
              f"lease {s['lease_ms'] / 1000:g}s", f"backlog {s['max_per_subscription_backlog']}",
              f"max {s['max_deliveries']} deliveries" if s.get("max_deliveries") else "no delivery limit",
              f"dead letters to {s['dead_letter']}" if s.get("dead_letter") else "no dead-letter topic"]

@@ -1157,6 +1157,9 @@ def probe(endpoint: str, publishes: int = 50) -> dict[str, Any]:
             out["publish_rate_per_s"] = round(sent / (time.perf_counter() - t1), 1)
             name = f"probe.{uuid.uuid4().hex[:8]}"
             t2 = time.perf_counter()
+            # Declared, as a client that needs its own queue does: a consumer of a name that
+            # another queue's topics take (an abuser's "^.*") is refused without it, by design.
+            c.create_queue(name)
             with c.subscribe(name, max_backlog=1, timeout=OP_TIMEOUT_S) as sub:
                 c.publish(name, b"hello", timeout=OP_TIMEOUT_S)
                 m = sub.get(timeout=OP_TIMEOUT_S)
