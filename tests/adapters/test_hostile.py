@@ -434,3 +434,24 @@ def test_a_bind_endpoint_without_its_transport_is_refused_with_the_fix(tmp_path,
 
     with pytest.raises(ZqError, match=f"write tcp://{endpoint}"):
         open_router(Config(data=str(tmp_path / "d"), bind=[endpoint]), zmq.Context.instance())
+
+
+def test_a_hello_with_odd_accepts_gets_a_clear_error_or_is_ignored_and_the_server_goes_on(server):
+    """``accepts`` (the frames a client understands, e.g. NOTICE): a wrong type is a
+    protocol error; 100,000 unknown names are read once and kept as one flag."""
+    import msgspec
+
+    sock = raw_dealer(server.endpoint)
+    try:
+        bad = msgspec.msgpack.encode(["hello", wire.PROTOCOL_VERSION, "odd", 7])  # accepts: an int
+        bad_hello = wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "odd"))
+        assert bad_hello[:1] == bad[:1]  # (the same array form: only the field's type differs)
+        sock.send(bad)
+        answer = wire.server_decoder.decode(sock.recv())
+        assert type(answer) is wire.Error and answer.code == "protocol", answer
+        sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "many", accepts=["x" * 8] * 100_000)))
+        assert type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+        with zq.connect(server.endpoint) as c:
+            assert c.publish("after.odd.hello", "x") > 0
+    finally:
+        sock.close(0)
