@@ -8,7 +8,8 @@ invocation; `--repeat N` interleaves them round by round), filters (what an expr
 costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
 10-level priority queue next to a FIFO: memory per message and engine throughput),
 ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors
-(raw pyzmq latency on this machine, paced as the latency scenario), build (the compiled
+(raw pyzmq latency on this machine, paced as the latency scenario), idle-queues (what
+thousands of unused queues cost a step and the latency of the queue in use), build (the compiled
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
 against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
 one with prefetch, plain and reclaimable, interleaved), replication (the standard
@@ -34,7 +35,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cite (--record)
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
-             "filters", "claims", "spark", "kinds", "ceiling", "floors", "build", "engine-vs", "reclaim",
+             "filters", "claims", "spark", "kinds", "ceiling", "floors", "idle-queues", "build", "engine-vs", "reclaim",
              "replication", "cluster-replication", "failover", "faults", "abuse")
 
 
@@ -169,6 +170,10 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
             e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
             e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
             e2e.embedded_latency(secs), e2e.embedded_latency(secs, clients="direct")] + redis_latency(secs)
+    if scenario == "idle-queues":
+        from bench import queues
+
+        return queues.run(quick)
     if scenario == "floors":
         from bench import floors
 

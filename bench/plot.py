@@ -30,6 +30,8 @@ def plot(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path | None:
         return plot_latency(rows, meta, out)
     if scenario in ("failover", "faults"):
         return plot_faults(scenario, rows, meta, out)
+    if scenario == "idle-queues":
+        return plot_idle_queues(rows, meta, out)
     if key is None:
         return None
     labels = [label(r) for r in rows]
@@ -97,6 +99,28 @@ def plot_faults(scenario: str, rows: list[dict], meta: dict, out: Path) -> Path:
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
         ax.set_ylabel(f"count ({row.get('confirmed', 0):,} confirmed)")
     ax.set_title(f"{scenario} — {meta['cores']} cores, Python {meta['python']}, {meta['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_idle_queues(rows: list[dict], meta: dict, out: Path) -> Path:
+    """An engine step's cost, and publish -> worker p50 / p99, by the number of idle queues."""
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in rows if "us_per_step" in r]
+    lat = [r for r in rows if "publish_to_worker_us" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar([str(r["idle_queues"]) for r in steps], [r["us_per_step"] for r in steps], color="#2b6cb0")
+    a.set_xlabel("idle queues")
+    a.set_ylabel("µs per engine step")
+    for p, color in (("p50", "#2b6cb0"), ("p99", "#a0aec0")):
+        b.plot([r["idle_queues"] for r in lat], [r["publish_to_worker_us"][p] for r in lat], "o-", color=color, label=p)
+    b.set_xlabel("idle queues")
+    b.set_ylabel("publish → worker µs")
+    b.legend()
+    fig.suptitle(f"idle-queues — {meta['cores']} cores, Python {meta['python']}, {meta['date'][:10]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -10,7 +10,7 @@ from bench.__main__ import main
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
                                       "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
-                                      "build", "engine-vs", "reclaim", "replication", "cluster-replication",
+                                      "idle-queues", "build", "engine-vs", "reclaim", "replication", "cluster-replication",
                                       "failover", "faults"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys, monkeypatch):
     if scenario == "engine-vs":
@@ -46,6 +46,10 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             assert keys, row
             for key in keys:
                 assert set(row[key]) == {"p50", "p99", "p99.9"} and all(v > 0 for v in row[key].values()), row
+            continue
+        if scenario == "idle-queues":  # a step's cost, or the latency beside idle queues
+            figures = [row["us_per_step"]] if "us_per_step" in row else list(row["publish_to_worker_us"].values())
+            assert figures and all(v > 0 for v in figures), row
             continue
         if scenario == "groups" and row["groups"]:
             assert row["of_ungrouped"] > 0, row  # judged against the ungrouped run of the same invocation

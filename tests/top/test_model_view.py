@@ -167,6 +167,17 @@ def test_the_header_shows_standbys_and_what_confirmations_wait_for():
     assert "standbys" not in frame_text(M.build("tcp://x", PREV, CURR, 1000, M.History()))
 
 
+def test_the_header_says_when_the_dispatcher_listed_only_its_busiest_queues():
+    import copy
+
+    curr = copy.deepcopy(CURR)
+    listed = len(curr["queues"])
+    curr["server"]["queues"] = 12_345  # STATS lists at most 1,000 queues: the busiest
+    assert f"{listed:,} busiest of 12,345 queues" in frame_text(M.build("tcp://x", PREV, curr, 1000, M.History()))
+    curr["server"]["queues"] = listed
+    assert "busiest of" not in frame_text(M.build("tcp://x", PREV, curr, 1000, M.History()))
+
+
 def test_the_header_shows_a_cluster_leaders_role_epoch_and_in_sync_set():
     import copy
 

@@ -372,8 +372,13 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="print the raw stats as JSON (with QUEUE: that queue's)"),
 ) -> None:
     """Per queue: depth, leased, published, acked, dead-lettered, consumers."""
+    asked = None if queue is None else [queue] if utf8(queue) else []  # (not UTF-8: no queue has that name)
     with client_for(endpoint) as c:
-        st = c.stats()
+        st = c.stats(queues=asked)
+    if queue is None and st.get("server", {}).get("queues_listed", 0) < st.get("server", {}).get("queues", 0):
+        s = st["server"]
+        typer.echo(f"{s['queues_listed']:,} of {s['queues']:,} queues listed (those holding the most messages; "
+                   "`zq stats QUEUE` shows any one)", err=True)
     if queue is not None:
         one = st.get("queues", {}).get(queue)
         if one is None:  # as every command that names a queue says it (exit 2)
@@ -391,6 +396,15 @@ def stats(
     if queue is None:  # the dispatcher's own lines: under the whole table only
         for line in replication_lines(st):
             typer.echo(line)
+
+
+def utf8(text: str) -> bool:
+    """Can ``text`` be sent (an argument that was not UTF-8 holds surrogates)?"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def shown_name(name: str, limit: int = 80) -> str:

@@ -169,8 +169,8 @@ class AsyncClient:
                                                 reclaimable=reclaimable))
         return AsyncSubscription(sub, inbox)
 
-    async def stats(self) -> dict:
-        return await asyncio.get_running_loop().run_in_executor(None, self.client.stats)
+    async def stats(self, queues: list[str] | None = None) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: self.client.stats(queues=queues))
 
     async def _call(self, _method: str, *args: Any, **kw: Any) -> Any:
         """(``_method``, not ``name``: an admin's own ``name=`` argument passes through.)"""

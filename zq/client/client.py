@@ -469,8 +469,17 @@ class Client:
         is the first message published at or after ``at_ms``."""
         return self._request(lambda req: wire.Bounds(req, at_ms), timeout=timeout)
 
-    def stats(self, timeout: float = 10.0) -> dict:
-        return self._request(lambda req: wire.Stats(req), timeout=timeout)
+    def stats(self, timeout: float = 10.0, queues: list[str] | None = None) -> dict:
+        """The dispatcher's figures: every queue's, up to ``server.queues_listed`` of
+        them (the server lists at most 1,000: those holding the most messages), or only
+        ``queues`` (names; at most 1,000; a name no queue has is left out)."""
+        if queues is not None:
+            if isinstance(queues, str) or not all(isinstance(n, str) for n in queues):
+                raise TypeError("queues must be a list of queue names")
+            queues = list(queues)
+            if len(queues) > 1_000:
+                raise ValueError(f"stats names at most 1,000 queues, got {len(queues):,}")
+        return self._request(lambda req: wire.Stats(req, queues), timeout=timeout)
 
     def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:
         """Waiting messages in delivery order, without leasing them (a read-only view):

@@ -318,11 +318,13 @@ class ManagementMixin:
         settings = msgspec.structs.replace(settings, start_seq=old.settings.start_seq)
         q = QueueClass(settings)
         q.names = old.names
+        q.ordinal = old.ordinal  # (it takes the old one's place among the queues)
         for sub in old.subs:
             sub.queue = q
             sub.backlog = min(sub.backlog, settings.max_per_subscription_backlog)
             q.add_subscription(sub)
         self.queues[settings.name] = q
+        self.touch(q)  # type: ignore[attr-defined]
         self.route_cache.clear()  # type: ignore[attr-defined]
         self.keep_provisional(q)  # type: ignore[attr-defined]
 

@@ -100,7 +100,7 @@ class Subscription:
         "sub_id", "queue", "consumer", "backlog", "used", "leases", "current",
         "out_seqs", "out_deliveries", "waiting_groups", "owned_groups", "acked", "busy_ms",
         "match", "filter_text", "skip_cursor", "skip_gen", "pull", "lease_ms", "destructive", "barrier_out",
-        "browse_cursor", "browse_out", "reclaimable", "revoking", "kept", "held_back", "given_back",
+        "browse_cursor", "browse_out", "reclaimable", "revoking", "kept", "held_back", "given_back", "ordinal",
     )
 
     def __init__(self, sub_id: str, queue: "Queue", consumer: str, backlog: int,
@@ -108,6 +108,7 @@ class Subscription:
         self.sub_id = sub_id
         self.queue = queue
         self.consumer = consumer
+        self.ordinal = 0  # its place in the engine's order of subscriptions (Engine.subscribe)
         self.backlog = backlog
         self.used = 0
         self.leases: list[Lease] = []
@@ -275,6 +276,15 @@ class Queue:
         self.rr_next = 0
         self.depth = 0  # available messages
         self.expired_watermark = -1  # seq <= this is older than expiration_ms
+        # Where the engine finds this queue's work without searching for it (Engine.touch,
+        # Engine.schedule): its place in the order of queues, whether this step visits it,
+        # the deadline it waits for in the engine's heap (-1: none), when it last advanced.
+        self.ordinal = 0
+        self.touched = False
+        self.scheduled_ms = -1
+        self.advanced_ms = -1
+        self.rp = 0  # its recovery point when last computed (Engine.write_recovery_points)
+        self.rp_pending = False  # visited since: its recovery point is computed at the next interval
         self.group_sweep_due_ms = 0
         # What this step produced, collected by the engine.
         self.expired_out: list[tuple[int, str, int, str | None]] = []  # seq, reason, deliveries, group
@@ -1916,11 +1926,10 @@ class Queue:
         self.compact_skipped()
 
     def next_deadline_ms(self) -> int | None:
-        best = None
-        for lease in self.lease_fifo:
-            if lease.live:
-                best = lease.deadline_ms
-                break
+        fifo = self.lease_fifo
+        while fifo and fifo[0].live == 0:  # settled: nothing to wait for (advance drops them too)
+            fifo.popleft()
+        best = fifo[0].deadline_ms if fifo else None
         if self.lease_heap:
             d = self.lease_heap[0][0]
             best = d if best is None else min(best, d)
@@ -2052,6 +2061,17 @@ class Queue:
             asleep = min(k & SEQ_MASK for k in self.sleeping)
             if best is None or asleep < best:
                 best = asleep
+        return best
+
+    def oldest_skipped(self) -> int | None:
+        """Oldest message set aside by filters (ordered queues keep ranks there)."""
+        best = None
+        gone = self.skip_gone
+        for key in self.skipped:
+            if key not in gone:
+                seq = key & SEQ_MASK
+                if best is None or seq < best:
+                    best = seq
         return best
 
     def oldest_ungrouped_awake(self) -> int | None:

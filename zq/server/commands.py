@@ -115,7 +115,7 @@ class Commands:
         def note_time(self, what: str, took_ms: float, who: bytes) -> None: ...
         def configured_queue(self, name: str) -> bool: ...
         def hold_for_replicas(self, peer_id: bytes, frame: bytes, bookmarks: list[int]) -> None: ...
-        def stats(self, now: int) -> dict: ...
+        def stats(self, now: int, names: list[str] | None = None, limit: int = ...) -> dict: ...
         @property
         def epoch(self) -> int: ...
 
@@ -324,7 +324,9 @@ class Commands:
     # -------------------------------------------------------------- reading
 
     def on_stats(self, peer_id: bytes, peer: Peer, cmd: wire.Stats, now: int) -> None:
-        self.reply(peer_id, wire.Reply(cmd.req, self.stats(now)))
+        if cmd.queues is not None and len(cmd.queues) > limits.STATS_QUEUES_MAX:
+            raise ProtocolError(f"stats names at most {limits.STATS_QUEUES_MAX:,} queues, got {len(cmd.queues):,}")
+        self.reply(peer_id, wire.Reply(cmd.req, self.stats(now, cmd.queues)))
 
     def on_queues(self, peer_id: bytes, peer: Peer, cmd: wire.Queues, now: int) -> None:
         """The queues this session's key may consume or browse (all of them without

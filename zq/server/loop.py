@@ -1049,7 +1049,7 @@ class Server(Commands, Stats):
                 self.recheck_sessions(now)
         self.samples.append((now, self.totals()))
         if self.metrics is not None:
-            self.snapshot = self.stats(now)  # read by the metrics thread; replaced, never mutated
+            self.snapshot = self.stats(now, limit=0)  # read by the metrics thread; replaced, never mutated
         while len(self.samples) > 1 and now - self.samples[0][0] > 5000:
             self.samples.popleft()
         if self.over_peers or self.leftovers:

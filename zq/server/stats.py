@@ -16,6 +16,7 @@ import collections
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from zq.core import limits
 from zq.core.engine import Engine
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server.commands import SERVER_NAME
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from zq.server.leadership import LeaderDuty
 
 STATS_PEERS_MAX = 1_000  # sessions listed in one STATS answer (server.peers counts them all)
+STATS_QUEUES_MAX = limits.STATS_QUEUES_MAX
 
 
 class Stats:
@@ -74,13 +76,13 @@ class Stats:
         dt = max(now - then, 1) / 1000
         return {k: round((c - o) / dt, 1) for k, c, o in zip(("publish", "deliver", "ack"), cur, old)}
 
-    def stats(self, now: int) -> dict:
-        st = self.engine.stats()
+    def stats(self, now: int, names: list[str] | None = None, limit: int = STATS_QUEUES_MAX) -> dict:
+        """``names``: only those queues; ``limit``: at most that many (0: every one, the
+        metrics endpoint's view)."""
         viewer = self.asking if self.security is not None else None
         rights = viewer.rights if viewer is not None else None
         everyone = rights is None or rights.allows("admin", "stats")
-        if rights is not None:
-            st["queues"] = {name: q for name, q in st["queues"].items() if rights.sees(name)}
+        st = self.engine.stats(names, limit, rights.sees if rights is not None else None)
         for q in st["queues"].values():
             for b in q.get("group_summary", {}).get("busiest", ()):
                 b["holder"] = holder_name(self.peers, b["owner"])
@@ -106,6 +108,8 @@ class Stats:
             "workers": sum(1 for p in self.peers.values() if p.subs),
             "peers": len(self.peers),
             "peers_listed": len(st["peers"]),  # (at most STATS_PEERS_MAX)
+            "queues": st.pop("queues_total"),  # (``queues`` lists at most STATS_QUEUES_MAX of them)
+            "queues_listed": len(st["queues"]),
             "frames_in": self.frames_in,
             "frames_out": self.frames_out,
             "loop_max_ms": round(self.loop_max_ms, 3),

@@ -181,8 +181,16 @@ class Worker:
 
 
 class Simulator:
-    def __init__(self, seed: int, steps: int = 2000, dispatch_budget: int = 0) -> None:
+    def __init__(self, seed: int, steps: int = 2000, dispatch_budget: int = 0, visit_all: bool = False,
+                 expiry: bool = True) -> None:
         self.options = SimOptions.draw(seed, steps)
+        # ``visit_all``: every queue visited every step, as before the engine found its work
+        # (``Engine.touch``); without expiry the same seed gives the same trace either way.
+        # (With expiry a dispatch also takes out messages it finds too old: visited every
+        # step, that happens sooner; found by its deadline, at the next sweep, <= 1 s later.)
+        self.visit_all = visit_all
+        if not expiry:
+            self.options.queues = [msgspec.structs.replace(q, expiration_ms=0) for q in self.options.queues]
         self.dispatch_budget = dispatch_budget  # >0: the engine's filter evaluations per drain (tiny: stops often)
         self.rng = random.Random(seed * 7919 + 1)
         self.tenant_rng = random.Random(seed * 7919 + 2)
@@ -195,6 +203,7 @@ class Simulator:
         self.fair = any(q.tenant_header for q in self.options.queues)
         self.journal = MemoryJournal()
         self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
+        self.engine.visit_all = visit_all
         if dispatch_budget:
             self.engine.dispatch_budget = dispatch_budget
         self.oracle = Oracle()
@@ -202,6 +211,9 @@ class Simulator:
         self.workers: dict[str, Worker] = {}
         self.worker_serial = 0
         self.trace = hashlib.sha256()
+        # The trace of the work alone: recovery points are bookkeeping, written on their own
+        # cadence (every interval for the queues visited, in turn for the others).
+        self.work_trace = hashlib.sha256()
         self.crashes = 0
         self.delivered = 0  # every message sent to a worker (leased, browsed or a barrier)
         self.stale_settles = 0  # settles naming a delivery no longer live, refused (the fence at work)
@@ -213,6 +225,7 @@ class Simulator:
         # until it is delivered again (``check_moving_on``); what a crash forgets, the engine does too.
         self.last_holder: dict[tuple[str, int], str] = {}
         self.moved_on = 0  # redeliveries after an expiry or failure that went to someone else
+        self.held_back: dict[str, int] = {}  # sub id -> credit withheld during this step's drain
 
     # ------------------------------------------------------------- running
 
@@ -247,6 +260,9 @@ class Simulator:
                                   self.now_ms, destructive=w.destructive, filter=w.filter)
         if faults and rng.random() < o.p_worker_death and self.workers:
             self.kill_worker(rng.choice(sorted(self.workers)))
+        # Credit withheld after a reclaim comes back at the end of the drain (``end_hold``):
+        # during it, those subscriptions had that much less (``check_moving_on``).
+        self.held_back = {s.sub_id: s.held_back for q in self.engine.queues.values() for s in q.holding}
         out = self.engine.drain(self.now_ms)
         for w in self.workers.values():
             if w.pull:
@@ -261,6 +277,8 @@ class Simulator:
         self.journal.commit(self.now_ms)
         for rec in out.records:
             self.trace.update(repr(rec).encode())
+            if type(rec) is not R.RecoveryPoint:
+                self.work_trace.update(repr(rec).encode())
         self.oracle.committed(self.engine, out.records)
         for d in out.deliveries:
             self.delivered += len(d.seqs)
@@ -282,6 +300,7 @@ class Simulator:
         self.check_reclaimed(out)
         self.check_moving_on(out)
         self.oracle.check(self.engine)
+        self.check_nothing_forgotten()
         self.check_delays()
         self.check_explain()
         for s in self.options.queues:
@@ -293,6 +312,25 @@ class Simulator:
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
+
+    def check_nothing_forgotten(self) -> None:
+        """A step visits only the queues something touched and those whose deadline came
+        (``Engine.touch``, ``Engine.schedule``): after a drain, every other queue has
+        nothing left to do, and its next deadline is in the engine's heap by then."""
+        e = self.engine
+        for q in e.queues.values():
+            if q.touched:
+                continue
+            left = [what for what, there in (
+                ("a dispatch", q.dirty), ("held credit", q.holding), ("events", q.events_out),
+                ("delays", q.delays_out), ("expiries", q.expired_out),
+                ("deliveries", any(s.out_seqs or s.barrier_out for s in q.subs))) if there]
+            if left:
+                raise InvariantError(f"queue {q.name!r} was not visited but has {', '.join(left)} to do")
+            due = [d for d in (q.next_deadline_ms(), e.next_expiry_ms(q)) if d is not None]
+            if due and not 0 <= q.scheduled_ms <= min(due):
+                raise InvariantError(f"queue {q.name!r}: its next deadline {min(due)} is not in the engine's heap "
+                                     f"(scheduled: {q.scheduled_ms})")
 
     def check_reclaimed(self, out: Output) -> None:
         """Reclaiming: the engine takes back exactly what a holder gave back unstarted (so
@@ -342,8 +380,9 @@ class Simulator:
         """A message whose delivery expired or failed goes back to that consumer only when
         nobody else could take it: when it does, after the drain no other subscription of
         the queue has credit and a filter that takes it (credit only shrinks during a
-        drain, so one with credit now had it when the message was placed). Exclusive and
-        sequenced groups follow their owner, and claims come and go: both are left out."""
+        drain, but for credit withheld after a reclaim, given back at its end: counted
+        without it). Exclusive and sequenced groups follow their owner, and claims come
+        and go: both are left out."""
         for rec in out.records:
             if type(rec) is not R.Event:
                 continue
@@ -362,7 +401,8 @@ class Simulator:
                     if prev != rec.consumer:
                         self.moved_on += 1
                         continue
-                    others = [s.sub_id for s in q.subs if s.consumer != prev and not s.pull and s.used < s.backlog
+                    others = [s.sub_id for s in q.subs if s.consumer != prev and not s.pull
+                              and s.used < s.backlog - self.held_back.get(s.sub_id, 0)
                               and (s.match is None or s.match(seq))]
                     if others:
                         raise InvariantError(f"{rec.queue}: {seq}, expired or failed at {prev}, went back to it "
@@ -452,12 +492,14 @@ class Simulator:
             self.journal.commit(self.now_ms)
             self.oracle.committed(self.engine, out.records)
         self.engine = recover_engine(self.journal, self.options.queues)
+        self.engine.visit_all = self.visit_all
         if self.dispatch_budget:
             self.engine.dispatch_budget = self.dispatch_budget
         self.oracle.forget_holders()
         self.last_holder.clear()
         self.workers.clear()  # every connection died with the server
         self.engine.advance(self.now_ms)  # as the server's loop does before its first drain
+        self.held_back = {}
         out = self.engine.drain(self.now_ms)  # recovery may expire exhausted messages
         self.journal.append(out.records)
         self.commit(out)
@@ -630,6 +672,9 @@ class Simulator:
 
     def digest(self) -> str:
         return self.trace.hexdigest()
+
+    def work_digest(self) -> str:
+        return self.work_trace.hexdigest()
 
 
 def lvq_key(q: Queue, m: R.Message) -> object:

@@ -73,6 +73,7 @@ class TopModel:
     connected: bool = True
     note: str = ""  # why it is not connected (an exception's name), or "connecting"
     silent_s: float | None = None  # not connected: seconds since the server last answered a STATS
+    queues_total: int = 0  # queues there are; STATS lists at most 1,000 (the busiest)
     oldest_why: str | None = None  # why the top queue's oldest waiting message waits (zq explain)
     tenants: list[TenantRow] = field(default_factory=list)
     replicas_ack: int = 0  # [cluster]: confirmations wait for this many standbys
@@ -207,7 +208,7 @@ def build(endpoint: str, prev: dict | None, curr: dict, dt_ms: int, history: His
     return TopModel(
         endpoint=endpoint, version=srv["version"], uptime_ms=srv["uptime_ms"], durability=srv["durability"],
         journal_bytes=srv["journal_bytes"], journal_map_bytes=srv.get("journal_map_bytes", 0), rates=srv.get("rates", {}),
-        publishers=srv.get("publishers", 0), workers=srv.get("workers", 0),
+        publishers=srv.get("publishers", 0), workers=srv.get("workers", 0), queues_total=srv.get("queues", 0),
         queues=queues, consumers=consumers, groups=groups, sort=sort, tenants=tenants,
         replicas_ack=srv.get("replication", {}).get("replicas_ack", 0),
         standbys=srv.get("replication", {}).get("standbys", []),

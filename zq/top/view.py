@@ -126,7 +126,9 @@ def header(m: TopModel, width: int = 200) -> Panel:
                           f"journal {human_bytes(m.journal_bytes)} of map {human_bytes(m.journal_map_bytes)}",
                           f"publish {r.get('publish', 0):,.0f}/s  deliver {r.get('deliver', 0):,.0f}/s  "
                           f"ack {r.get('ack', 0):,.0f}/s",
-                          f"publishers {m.publishers}  workers {m.workers}"], "   ", inner)
+                          f"publishers {m.publishers}  workers {m.workers}"]
+                         + ([f"{len(m.queues):,} busiest of {m.queues_total:,} queues"] if m.queues_total > len(m.queues)
+                            else []), "   ", inner)
     c = m.cluster
     if c:
         isr = ", ".join(str(n)[:24] for n in c.get("isr", [])[:8])

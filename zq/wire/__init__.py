@@ -113,6 +113,7 @@ class Bye(_Cmd, tag="bye"):
 
 class Stats(_Cmd, tag="stats"):
     req: int
+    queues: list[str] | None = None  # only these queues (None: the busiest, up to the server's cap)
 
 
 class Peek(_Cmd, tag="peek"):
