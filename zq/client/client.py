@@ -477,8 +477,8 @@ class Client:
             if isinstance(queues, str) or not all(isinstance(n, str) for n in queues):
                 raise TypeError("queues must be a list of queue names")
             queues = list(queues)
-            if len(queues) > 1_000:
-                raise ValueError(f"stats names at most 1,000 queues, got {len(queues):,}")
+            if len(queues) > limits.STATS_QUEUES_MAX:
+                raise ValueError(f"stats names at most {limits.STATS_QUEUES_MAX:,} queues, got {len(queues):,}")
         return self._request(lambda req: wire.Stats(req, queues), timeout=timeout)
 
     def peek(self, queue: str, limit: int = 100, filter: str | None = None, timeout: float = 10.0) -> list[dict]:

@@ -209,13 +209,16 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if q.advanced_ms != self.advanced_ms:
             q.expired_watermark = self.watermark_at(q, self.advanced_ms)
 
+    def deadline_of(self, q: Queue) -> int | None:
+        """``q``'s next deadline: a lease's end, a delayed message, an age limit or sweep."""
+        d = q.next_deadline_ms()
+        e = self.next_expiry_ms(q)
+        return e if e is not None and (d is None or e < d) else d
+
     def schedule(self, q: Queue) -> None:
         """Put ``q``'s next deadline in the heap when it is sooner than the one there (a
         later one is found when the earlier entry comes due and ``q`` is visited)."""
-        d = q.next_deadline_ms()
-        e = self.next_expiry_ms(q)
-        if e is not None and (d is None or e < d):
-            d = e
+        d = self.deadline_of(q)
         if d is not None and (q.scheduled_ms < 0 or d < q.scheduled_ms):
             q.scheduled_ms = d
             heapq.heappush(self.deadlines, (d, q.ordinal, q))
@@ -918,9 +921,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 continue
             if q.tqd_scanning or q.out_of_budget:
                 return self.now_ms
-            for x in (q.next_deadline_ms(), self.next_expiry_ms(q)):
-                if x is not None and (best is None or x < best):
-                    best = x
+            d = self.deadline_of(q)
+            if d is not None and (best is None or d < best):
+                best = d
         heap = self.deadlines
         while heap and (heap[0][2].scheduled_ms != heap[0][0] or self.queues.get(heap[0][2].name) is not heap[0][2]):
             heapq.heappop(heap)  # stale: replaced by a sooner entry, or its queue is gone

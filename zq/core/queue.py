@@ -2077,12 +2077,8 @@ class Queue:
     def oldest_ungrouped_awake(self) -> int | None:
         if self.ordered:
             best = self.oldest_in_heap()
-            gone = self.skip_gone
-            for key in self.skipped:
-                seq = key & SEQ_MASK
-                if key not in gone and (best is None or seq < best):
-                    best = seq
-            return best
+            aside = self.oldest_skipped()
+            return aside if best is None or aside is not None and aside < best else best
         best = self.fifo[self.head] if self.head < len(self.fifo) else None
         if self.returned and (best is None or self.returned[0] < best):
             best = self.returned[0]
