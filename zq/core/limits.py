@@ -36,6 +36,7 @@ UNREAD_BYTES_DEFAULT = 64 * 1024 * 1024  # configurable: server.max_unread (byte
 UNREAD_BYTES_MIN = 1024 * 1024
 RANGES_WAITING_PER_CONNECTION = 4  # RANGE requests of one connection being answered at once (each up to ~16 MiB)
 UNREAD_BYTES_MAX = 64 * 1024 * 1024 * 1024
+UNREAD_TOTAL_BYTES_DEFAULT = 1024 * 1024 * 1024  # configurable: server.max_unread_total (all peers together)
 PUBLISH_BATCH_MAX = 4096  # messages in one publish frame
 FRAME_BYTES_MAX = 64 * 1024 * 1024  # transport cap: bigger frames close the connection (libzmq)
 PUBLISH_BATCH_BYTES = 8 * 1024 * 1024  # clients split publish batches at about this many bytes

@@ -62,7 +62,7 @@ def size_bytes(text: str | int, key: str) -> int:
 
 
 DURATION_KEYS = {"lease", "expiration", "dedup_window", "fsync_interval", "heartbeat", "retention", "max_lease_age"}
-SIZE_KEYS = {"max_bytes", "max_message_size", "max_unread"}
+SIZE_KEYS = {"max_bytes", "max_message_size", "max_unread", "max_unread_total"}
 
 
 def explain(exc: msgspec.ValidationError) -> str:
@@ -96,6 +96,7 @@ class ServerSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_replays: int = 1024  # open replays, all connections together
     max_range_requests: int = 64  # RANGE requests waiting for the reader thread, all connections together
     max_unread: str = "64MiB"  # bytes sent to one peer it has not read (zq.server.outflow)
+    max_unread_total: str = "1GiB"  # ... to every peer together (the biggest holders wait first)
     max_filter_chars: int = EXPR_CHARS_MAX  # a client's filter, query or value expression
     max_filter_depth: int = DEPTH_MAX  # nesting (parentheses, NOT, arithmetic, unary minus)
     max_filter_in_items: int = IN_LIST_MAX  # literals in one IN list
@@ -254,6 +255,7 @@ class Config(msgspec.Struct, kw_only=True):
     max_replays: int = 1024
     max_range_requests: int = 64
     max_unread_bytes: int = limits.UNREAD_BYTES_DEFAULT
+    max_unread_total_bytes: int = limits.UNREAD_TOTAL_BYTES_DEFAULT
     expr_limits: ExprLimits = DEFAULT_LIMITS  # for expressions clients send
     queues: list[QueueSettings] = msgspec.field(default_factory=list)
     security: SecuritySection | None = None  # CurveZMQ (zq.server.security); None: plaintext, loopback advised
@@ -308,6 +310,7 @@ class Config(msgspec.Struct, kw_only=True):
             max_replays=s.max_replays,
             max_range_requests=s.max_range_requests,
             max_unread_bytes=size_bytes(s.max_unread, "server.max_unread"),
+            max_unread_total_bytes=size_bytes(s.max_unread_total, "server.max_unread_total"),
             expr_limits=ExprLimits(s.max_filter_chars, s.max_filter_depth, s.max_filter_in_items),
             queues=[queue_settings(q, f"queue[{i}]") for i, q in enumerate(fc.queue)],
             security=check_section(fc.security, base) if fc.security is not None else None,
@@ -336,6 +339,9 @@ class Config(msgspec.Struct, kw_only=True):
         if not limits.UNREAD_BYTES_MIN <= cfg.max_unread_bytes <= limits.UNREAD_BYTES_MAX:
             raise ConfigError(f"{source}: server.max_unread must be {limits.UNREAD_BYTES_MIN >> 20}MiB.."
                               f"{limits.UNREAD_BYTES_MAX >> 30}GiB, got {cfg.max_unread_bytes}B")
+        if not limits.UNREAD_BYTES_MIN <= cfg.max_unread_total_bytes <= limits.UNREAD_BYTES_MAX:
+            raise ConfigError(f"{source}: server.max_unread_total must be {limits.UNREAD_BYTES_MIN >> 20}MiB.."
+                              f"{limits.UNREAD_BYTES_MAX >> 30}GiB, got {cfg.max_unread_total_bytes}B")
         if not 0 < cfg.max_message_bytes <= limits.MESSAGE_BYTES_MAX:
             raise ConfigError(f"{source}: server.max_message_size must be 1B..{limits.MESSAGE_BYTES_MAX}B")
         return cfg

@@ -185,7 +185,7 @@ class Server(Commands, Stats):
         self.quotas = KeyQuotas()  # what one key may hold of what all share
         # Bytes sent to each peer that it has not read, bounded (zq.server.outflow); the
         # peers whose deliveries wait for them to read.
-        self.outflow = Outflow(config.max_unread_bytes)
+        self.outflow = Outflow(config.max_unread_bytes, config.max_unread_total_bytes)
         self.paused_peers: set[bytes] = set()
         self.over_peers: set[bytes] = set()  # found over the limit: cut off if they read nothing for long
         self.leftovers: dict[bytes, Peer] = {}  # ended sessions whose connection still holds unread bytes
@@ -585,7 +585,12 @@ class Server(Commands, Stats):
             self.take(peer_id, body, user, fd, now)
 
     def take(self, peer_id: bytes, body: bytes, user: str | None, fd: int, now: int) -> None:
-        """Handle one frame read from the socket; learn its peer's connection if new."""
+        """Handle one frame read from the socket; learn its peer's connection if new
+        (before the frame, so that its request is measured; after a HELLO, its session's)."""
+        if fd != -1:
+            peer = self.peers.get(peer_id)
+            if peer is not None and peer.fd == -1:
+                self.outflow.attach(peer, fd)
         self.receive(peer_id, body, now, user)
         if fd != -1:
             peer = self.peers.get(peer_id)
@@ -858,6 +863,7 @@ class Server(Commands, Stats):
         peer = self.peers.get(peer_id)
         if peer is not None:
             peer.out_bytes += len(frame)  # counted now: the next request sees what this one will send
+            self.outflow.sent_since += len(frame)
         self.held.append((peer_id, frame, durable))
 
     def send(self, peer_id: bytes, frame: bytes | zmq.Frame, counted: bool = False) -> bool:
@@ -873,6 +879,7 @@ class Server(Commands, Stats):
             peer = self.peers.get(peer_id)
             if peer is not None:
                 peer.out_bytes += len(frame)
+                self.outflow.sent_since += len(frame)
         if self.stepping_locally:  # only the loop thread touches the socket
             self.outbox.append((peer_id, frame if isinstance(frame, bytes) else frame.bytes))
             return True
@@ -898,7 +905,7 @@ class Server(Commands, Stats):
         if peer is None:
             return  # its session ended: its leases end with it (never sent to whoever has the id now)
         peer_id = peer.peer_id
-        if peer.paused is not None or (peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer)):
+        if peer.paused is not None or self.over_unread(peer):
             self.pause(peer, d)  # it has not read what it was sent: these wait, as bookmarks
             return
         self.send_deliveries(peer_id, d)
@@ -913,10 +920,9 @@ class Server(Commands, Stats):
         except JournalDamaged:  # damaged on disk since recovery checked it: send the others, say which
             seqs, raws, deliveries = self.sound_raws(seqs, deliveries)
         peer = self.peers.get(peer_id)
-        limit = self.outflow.limit
         i = 0
         for part in frames_of(raws):
-            if i and peer is not None and peer.out_bytes - peer.cleared > limit and self.outflow.over(peer):
+            if i and peer is not None and self.over_unread(peer):
                 self.pause(peer, Held(d.sub_id, seqs[i:], deliveries[i:]), first=resumed)
                 return
             if not self.send(peer_id, wire.encode(wire.DeliverRaw(sub, part, deliveries[i : i + len(part)]))):
@@ -947,17 +953,34 @@ class Server(Commands, Stats):
     def check_unread(self, peer: Peer) -> None:
         """Refuse a request with a big answer while its peer has not read what it was
         sent (zq.server.outflow): the refusal is a few bytes; the answer could be many."""
-        if peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer):
+        if self.over_unread(peer):
             self.outflow.refused += 1
             self.note_over(peer)
             waiting = peer.out_bytes - peer.cleared
+            total = self.outflow.total + self.outflow.sent_since
+            if peer.unread_cap < self.outflow.limit or self.outflow.full():
+                raise LimitError(f"{max(waiting, 0) >> 20} MiB sent to this connection are still unread, and the "
+                                 f"dispatcher holds {total >> 20} MiB unread for all its peers (server.max_unread_total: "
+                                 f"{self.outflow.total_limit >> 20} MiB): read what you were sent, or try again later")
             raise LimitError(f"{waiting >> 20} MiB sent to this connection are still unread (server.max_unread: "
                              f"{self.outflow.limit >> 20} MiB): read them before asking for more")
+
+    def over_unread(self, peer: Peer) -> bool:
+        """May ``peer`` be sent no more for now (zq.server.outflow)? Over its own limit, or
+        squeezed, or the dispatcher is full; the total is reckoned first when it is due."""
+        outflow = self.outflow
+        how = outflow.due()
+        if how:
+            for squeezed in outflow.reckon(self.peers, self.leftovers, how):
+                self.note_over(squeezed)  # its dead-peer window starts: it reads, or it is cut off
+        if peer.fd >= 0 and outflow.full() and (outflow.brimful() or outflow.unread(peer, force=True) > outflow.allowance):
+            return True  # full: only peers that read what they are sent are sent more (until brimful)
+        return outflow.over(peer)
 
     def not_reading(self, peer_id: bytes) -> bool:
         """Is this peer over its unread limit (a replay waits for it)?"""
         peer = self.peers.get(peer_id)
-        return peer is not None and peer.out_bytes - peer.cleared > self.outflow.limit and self.outflow.over(peer)
+        return peer is not None and self.over_unread(peer)
 
     def pause(self, peer: Peer, d, first: bool = False) -> None:  # type: ignore[no-untyped-def]
         """Hold a delivery for a peer that is not reading: its bookmarks, not its bytes.
@@ -1017,7 +1040,7 @@ class Server(Commands, Stats):
                 self.paused_peers.discard(peer_id)
                 continue
             waiting = peer.paused
-            while waiting and not self.outflow.over(peer):
+            while waiting and not self.over_unread(peer):
                 item = waiting.popleft()
                 if type(item) is bytes:
                     self.send(peer_id, item)

@@ -24,6 +24,22 @@ What waits is compared with ``server.max_unread`` (64 MiB by default):
   is cut off: its session ends (its leases go back) and its TCP connection is shut
   down, which makes libzmq drop what it held for it.
 
+Many peers each within that limit could still hold, together, more than the machine
+has (10,000 connections x 64 MiB). So the dispatcher also keeps a total against
+``server.max_unread_total`` (1 GiB by default). Every byte handed to libzmq is counted
+(``sent_since``); the total is reckoned again (``reckon``: the peers that hold bytes,
+the biggest measured first until the estimate is within the budget) once half the
+budget has been sent since, and every 250 ms while the total is over the budget. Over
+it, the connections of ended sessions that still hold bytes are shut (no session,
+nothing lost), and every peer holding more than its share (the budget over the number
+of holders) is *squeezed*: it gets nothing more until it has read everything it holds,
+and is cut off like any peer over its limit if it reads nothing for its dead-peer
+window. At 1.5 x the budget the dispatcher is *full*: only peers holding at most 1 MiB
+(or 1/64 of the budget) unread (readers: a bystander, a worker keeping up) get big answers and deliveries; at
+2 x it is *brimful*: no measured peer does, until a reckoning finds the total back
+under. So what waits here stays under 2 x the budget plus one answer, plus the RANGE
+answers under way (``server.max_range_requests`` of them, counted once sent).
+
 Only TCP peers can be measured: in-process links are the host itself, and ``ipc://``
 peers are local users of the machine (documented in docs/reliability.md).
 """
@@ -34,7 +50,8 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 
 import msgspec
 
@@ -120,15 +137,51 @@ def shut_down(fd: int, address: tuple) -> bool:
         return True
 
 
-class Outflow:
-    """The per-peer accounting (the counters live on ``Peer``; this holds the rule)."""
+UNSQUEEZED = 1 << 62  # ``Peer.unread_cap`` of a peer the total has not squeezed
+RECKON_INTERVAL_S = 0.25  # while over the budget: how often every holder is measured again
+CHANGED, EVERYONE = 1, 2  # what a reckoning measures (``Outflow.due``)
+FULL_ALLOWANCE = 1 << 20  # unread bytes of a peer still served while the dispatcher is full (or 1/64 of the budget)
 
-    def __init__(self, limit_bytes: int) -> None:
+
+class Outflow:
+    """The per-peer accounting (the counters live on ``Peer``; this holds the rule) and
+    the dispatcher-wide total."""
+
+    def __init__(self, limit_bytes: int, total_bytes: int = 1 << 30) -> None:
         self.limit = limit_bytes
+        self.total_limit = total_bytes
+        self.allowance = min(FULL_ALLOWANCE, total_bytes >> 6)  # what a reader may hold while full
         self.refused = 0  # requests refused while their peer's unread bytes were over the limit
         self.paused_deliveries = 0  # delivery batches that waited for their peer to read
         self.cut_off = 0  # peers cut off for reading nothing while over the limit
         self.measured = 0  # TCP_INFO reads
+        self.sent_since = 0  # bytes handed to libzmq since the total was last reckoned (``reckon``)
+        self.total = 0  # what every measured peer held unread at the last reckoning
+        self.reckonings = 0
+        self.reckoned_at = 0.0  # time.monotonic() of the last reckoning
+        self.squeezed = 0  # peers squeezed because the total was over its budget
+        self.shut_leftovers = 0  # ended sessions' connections shut because the total was over
+
+    def due(self) -> int:
+        """Is it time to reckon the total again? ``EVERYONE``: measure every holder that
+        matters; ``CHANGED``: only those sent something since they were last measured."""
+        estimate = self.total + self.sent_since
+        if estimate > self.total_limit and time.monotonic() - self.reckoned_at >= RECKON_INTERVAL_S:
+            return EVERYONE  # over: often enough that peers that have read since are seen to
+        if self.sent_since > self.total_limit >> 1:
+            return CHANGED
+        if self.sent_since > self.allowance and estimate > self.total_limit + (self.total_limit >> 1):
+            return CHANGED  # full, if the bytes sent since are still unread: are they?
+        return 0
+
+    def full(self) -> bool:
+        """Does the dispatcher hold so much unread that only peers that read what they are
+        sent (``FULL_ALLOWANCE``) may be sent more?"""
+        return self.total + self.sent_since > self.total_limit + (self.total_limit >> 1)
+
+    def brimful(self) -> bool:
+        """... so much that no measured peer may be sent more?"""
+        return self.total + self.sent_since > self.total_limit << 1
 
     def attach(self, peer, fd: int) -> None:  # type: ignore[no-untyped-def]
         """Learn ``peer``'s connection from a frame it sent (``ZMQ_SRCFD``)."""
@@ -158,6 +211,7 @@ class Outflow:
         if waiting <= self.limit and not force:
             return waiting
         self.measured += 1
+        peer.measured_out = peer.out_bytes
         acked = bytes_acked(peer.fd, peer.address)
         if acked is None:
             peer.fd = -1  # its connection is gone or replaced: learnt again from its next frame
@@ -169,7 +223,63 @@ class Outflow:
         return peer.out_bytes - peer.cleared
 
     def over(self, peer) -> bool:  # type: ignore[no-untyped-def]
-        return self.unread(peer) > self.limit
+        """Is ``peer`` over its limit (``server.max_unread``, or 0 while squeezed)?"""
+        cap = peer.unread_cap
+        limit = self.limit if cap > self.limit else cap
+        waiting = peer.out_bytes - peer.cleared
+        if waiting <= limit:
+            if waiting <= 0 and cap != UNSQUEEZED:
+                peer.unread_cap = UNSQUEEZED  # measured: it read everything it held
+            return False
+        if peer.fd < 0:
+            return False  # not measured (not TCP, or its connection not learnt yet)
+        waiting = self.unread(peer, force=True)
+        if waiting <= 0 and cap != UNSQUEEZED:
+            peer.unread_cap = UNSQUEEZED  # it read everything it held: the squeeze is over
+            return False
+        return waiting > limit
+
+    def reckon(self, peers: Mapping[bytes, object], leftovers: dict[bytes, object], how: int = EVERYONE) -> list:
+        """Reckon what every peer holds unread; if it is over ``total_limit``, shut the
+        connections of ended sessions that hold bytes, then squeeze every peer holding more
+        than its share (returned, so the caller starts their dead-peer windows)."""
+        self.sent_since = 0
+        self.reckonings += 1
+        self.reckoned_at = time.monotonic()
+        holders = [p for p in (*peers.values(), *leftovers.values())
+                   if p.fd >= 0 and p.out_bytes > p.cleared]  # type: ignore[attr-defined]
+        total = sum(p.out_bytes - p.cleared for p in holders)  # type: ignore[attr-defined]
+        if total > self.total_limit:
+            # The counts over-state what readers hold (each is measured only past its own
+            # limit): measure the biggest first, until the estimate is within the budget.
+            holders.sort(key=lambda p: p.out_bytes - p.cleared, reverse=True)  # type: ignore[attr-defined]
+            for p in holders:
+                if total <= self.total_limit:
+                    break
+                if how == CHANGED and p.measured_out == p.out_bytes:  # type: ignore[attr-defined]
+                    continue  # sent nothing since it was measured (a squeezed peer): as it was
+                before = p.out_bytes - p.cleared  # type: ignore[attr-defined]
+                total -= before - max(self.unread(p, force=True), 0)
+        if total > self.total_limit:
+            for p in holders:  # ended sessions first: nothing is lost with them
+                if leftovers.get(p.peer_id) is p and p.fd >= 0:  # type: ignore[attr-defined]
+                    total -= max(p.out_bytes - p.cleared, 0)  # type: ignore[attr-defined]
+                    del leftovers[p.peer_id]  # type: ignore[attr-defined]
+                    self.shut_leftovers += 1
+                    shut_down(p.fd, p.address)  # type: ignore[attr-defined]
+                    p.fd = -1  # type: ignore[attr-defined]
+        self.total = total
+        if total <= self.total_limit:
+            return []
+        holding = [p for p in holders if p.fd >= 0 and p.out_bytes > p.cleared]  # type: ignore[attr-defined]
+        share = self.total_limit // max(1, len(holding))
+        squeezed = []
+        for p in holding:
+            if p.out_bytes - p.cleared > share and p.unread_cap == UNSQUEEZED:  # type: ignore[attr-defined]
+                p.unread_cap = 0  # type: ignore[attr-defined]
+                self.squeezed += 1
+                squeezed.append(p)
+        return squeezed
 
     @staticmethod
     def inherit(peer, old) -> None:  # type: ignore[no-untyped-def]
@@ -179,6 +289,7 @@ class Outflow:
         peer.out_bytes, peer.cleared, peer.acked_base = old.out_bytes, old.cleared, old.acked_base
         peer.fd, peer.address, peer.ranges_waiting = old.fd, old.address, old.ranges_waiting
         peer.stalled_since = old.stalled_since  # (a HELLO every 0.3 s once kept the window from ever ending)
+        peer.unread_cap = old.unread_cap
 
     def cut(self, peer) -> bool:  # type: ignore[no-untyped-def]
         """Shut ``peer``'s connection down (its session is ended by the caller)."""
@@ -189,7 +300,10 @@ class Outflow:
 
     def stats(self) -> dict[str, int]:
         return {"max_unread_bytes": self.limit, "refused_unread": self.refused,
-                "paused_deliveries": self.paused_deliveries, "cut_off_unread": self.cut_off}
+                "paused_deliveries": self.paused_deliveries, "cut_off_unread": self.cut_off,
+                "max_unread_total_bytes": self.total_limit, "unread_total": self.total,
+                "reckonings": self.reckonings, "squeezed": self.squeezed, "shut_leftovers": self.shut_leftovers,
+                "full": self.full(), "brimful": self.brimful()}
 
 
 def frames_of(raws: list[msgspec.Raw]) -> list[list[msgspec.Raw]]:

@@ -45,6 +45,8 @@ class Peer:
     fd: int = -1
     address: tuple = ()
     stalled_since: int = 0  # over the unread limit without reading since (ms; 0: not)
+    unread_cap: int = 1 << 62  # its own limit, lowered to 0 while the dispatcher as a whole holds too much
+    measured_out: int = -1  # out_bytes when it was last measured (a reckoning skips it if unchanged)
     ranges_waiting: int = 0  # its RANGE requests the reader thread has not answered yet
     paused: collections.deque | None = None  # deliveries and what follows them, waiting for it to read
 
