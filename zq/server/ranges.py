@@ -75,6 +75,8 @@ class RangeReader:
         """Answers ready to send. The answer stays a ``zmq.Frame``: sending it on passes
         the reader thread's buffer along instead of copying megabytes twice."""
         out: list[tuple[bytes, zmq.Frame]] = []
+        if not self.pending:
+            return out  # nothing asked, nothing to answer: no socket call (this runs every iteration)
         if not self.loop_side.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             return out  # the common case, without raising zmq.Again
         while True:
