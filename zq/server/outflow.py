@@ -52,11 +52,15 @@ import socket
 import struct
 import time
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from zq import wire
 from zq.core import limits
+
+if TYPE_CHECKING:
+    from zq.server.sessions import Peer
 
 log = logging.getLogger("zq.server")
 
@@ -239,7 +243,7 @@ class Outflow:
             return False
         return waiting > limit
 
-    def reckon(self, peers: Mapping[bytes, object], leftovers: dict[bytes, object], how: int = EVERYONE) -> list:
+    def reckon(self, peers: Mapping[bytes, Peer], leftovers: dict[bytes, Peer], how: int = EVERYONE) -> list[Peer]:
         """Reckon what every peer holds unread; if it is over ``total_limit``, shut the
         connections of ended sessions that hold bytes, then squeeze every peer holding more
         than its share (returned, so the caller starts their dead-peer windows)."""
@@ -247,36 +251,36 @@ class Outflow:
         self.reckonings += 1
         self.reckoned_at = time.monotonic()
         holders = [p for p in (*peers.values(), *leftovers.values())
-                   if p.fd >= 0 and p.out_bytes > p.cleared]  # type: ignore[attr-defined]
-        total = sum(p.out_bytes - p.cleared for p in holders)  # type: ignore[attr-defined]
+                   if p.fd >= 0 and p.out_bytes > p.cleared]
+        total = sum(p.out_bytes - p.cleared for p in holders)
         if total > self.total_limit:
             # The counts over-state what readers hold (each is measured only past its own
             # limit): measure the biggest first, until the estimate is within the budget.
-            holders.sort(key=lambda p: p.out_bytes - p.cleared, reverse=True)  # type: ignore[attr-defined]
+            holders.sort(key=lambda p: p.out_bytes - p.cleared, reverse=True)
             for p in holders:
                 if total <= self.total_limit:
                     break
-                if how == CHANGED and p.measured_out == p.out_bytes:  # type: ignore[attr-defined]
+                if how == CHANGED and p.measured_out == p.out_bytes:
                     continue  # sent nothing since it was measured (a squeezed peer): as it was
-                before = p.out_bytes - p.cleared  # type: ignore[attr-defined]
+                before = p.out_bytes - p.cleared
                 total -= before - max(self.unread(p, force=True), 0)
         if total > self.total_limit:
             for p in holders:  # ended sessions first: nothing is lost with them
-                if leftovers.get(p.peer_id) is p and p.fd >= 0:  # type: ignore[attr-defined]
-                    total -= max(p.out_bytes - p.cleared, 0)  # type: ignore[attr-defined]
-                    del leftovers[p.peer_id]  # type: ignore[attr-defined]
+                if leftovers.get(p.peer_id) is p and p.fd >= 0:
+                    total -= max(p.out_bytes - p.cleared, 0)
+                    del leftovers[p.peer_id]
                     self.shut_leftovers += 1
-                    shut_down(p.fd, p.address)  # type: ignore[attr-defined]
-                    p.fd = -1  # type: ignore[attr-defined]
+                    shut_down(p.fd, p.address)
+                    p.fd = -1
         self.total = total
         if total <= self.total_limit:
             return []
-        holding = [p for p in holders if p.fd >= 0 and p.out_bytes > p.cleared]  # type: ignore[attr-defined]
+        holding = [p for p in holders if p.fd >= 0 and p.out_bytes > p.cleared]
         share = self.total_limit // max(1, len(holding))
-        squeezed = []
+        squeezed: list[Peer] = []
         for p in holding:
-            if p.out_bytes - p.cleared > share and p.unread_cap == UNSQUEEZED:  # type: ignore[attr-defined]
-                p.unread_cap = 0  # type: ignore[attr-defined]
+            if p.out_bytes - p.cleared > share and p.unread_cap == UNSQUEEZED:
+                p.unread_cap = 0
                 self.squeezed += 1
                 squeezed.append(p)
         return squeezed
