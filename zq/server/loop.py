@@ -43,7 +43,7 @@ from zq.server.commands import HANDLERS, INTERNAL, BulkAction, Commands
 from zq.server.held import HeldConfirmations
 from zq.server.quotas import KeyQuotas
 from zq.server.local import LinkClosedError, LocalLink
-from zq.server.outflow import PULL_COMMANDS, Outflow, frames_of
+from zq.server.outflow import PULL_COMMANDS, UNSQUEEZED, Outflow, frames_of
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
@@ -969,6 +969,9 @@ class Server(Commands, Stats):
         """May ``peer`` be sent no more for now (zq.server.outflow)? Over its own limit, or
         squeezed, or the dispatcher is full; the total is reckoned first when it is due."""
         outflow = self.outflow
+        if (outflow.sent_since <= outflow.quiet_until and peer.unread_cap == UNSQUEEZED
+                and peer.out_bytes - peer.cleared <= outflow.limit):
+            return False  # the common case: nothing due, not full, within its own limit
         how = outflow.due()
         if how:
             for squeezed in outflow.reckon(self.peers, self.leftovers, how):

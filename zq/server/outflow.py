@@ -163,6 +163,9 @@ class Outflow:
         self.total = 0  # what every measured peer held unread at the last reckoning
         self.reckonings = 0
         self.reckoned_at = 0.0  # time.monotonic() of the last reckoning
+        # While ``sent_since`` stays at or below this, no reckoning is due and the
+        # dispatcher is not full: a peer's own counts decide (the fast path, every delivery).
+        self.quiet_until = total_bytes >> 1
         self.squeezed = 0  # peers squeezed because the total was over its budget
         self.shut_leftovers = 0  # ended sessions' connections shut because the total was over
 
@@ -274,7 +277,9 @@ class Outflow:
                     p.fd = -1
         self.total = total
         if total <= self.total_limit:
+            self.quiet_until = min(self.total_limit >> 1, self.total_limit - total)
             return []
+        self.quiet_until = -1  # over the budget: every check looks at the total
         holding = [p for p in holders if p.fd >= 0 and p.out_bytes > p.cleared]
         share = self.total_limit // max(1, len(holding))
         squeezed: list[Peer] = []
