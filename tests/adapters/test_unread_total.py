@@ -144,3 +144,98 @@ def test_a_bad_max_unread_total_is_refused_naming_the_key(tmp_path, value, words
     path.write_text("[server]\nmax_unread_total = '4GiB'\n")
     assert Config.load(path).max_unread_total_bytes == 4 << 30
     assert Config().max_unread_total_bytes == 1 << 30
+
+
+def disconnected(sock: zmq.Socket):  # type: ignore[no-untyped-def]
+    """A predicate: has the dispatcher's side closed ``sock``'s connection?"""
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def check() -> bool:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while monitor.poll(0):
+            if recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                return True
+        return False
+
+    return check
+
+
+def test_ended_sessions_forgotten_past_the_cap_have_their_connections_shut(tmp_path):
+    """An ended session whose connection still held bytes was forgotten, past
+    ``server.max_connections`` of them, with its connection left open: its bytes were
+    counted nowhere, and a new session on it started afresh (a helper grew the server
+    from 68 to 841 MiB this way while ``unread_total`` said 32 MiB)."""
+    config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], max_unread_bytes=1 << 20,
+                    max_connections=2, heartbeat_ms=1000, heartbeat_liveness=20)
+    d = zq.Dispatcher(config).start()
+    socks: list[zmq.Socket] = []
+    try:
+        with zq.connect(d.inproc) as c:
+            c.publish_many("big", [BODY] * 16)
+        checks = []
+        for i in range(4):
+            sock = non_reader(d.endpoint, f"cycle-{i}")
+            socks.append(sock)
+            checks.append(disconnected(sock))
+            sock.send(wire.encode(wire.Peek(1, "big", 16)))
+            sock.send(wire.encode(wire.Bye()))
+            wait_until(lambda i=i: not sent_to(stats(d), f"cycle-{i}"), timeout=20, what=f"cycle-{i}'s BYE")
+        assert stats(d)["server"]["unread"]["shut_leftovers"] >= 2
+        wait_until(checks[0], timeout=10, what="the first forgotten session's connection to be shut")
+        wait_until(checks[1], timeout=10, what="the second forgotten session's connection to be shut")
+        assert not checks[3](), "the newest ended session's connection was shut too"
+    finally:
+        for sock in socks:
+            sock.close(0)
+        d.stop()
+
+
+def test_a_connection_with_no_session_is_answered_a_bounded_number_of_times_then_shut(tmp_path):
+    """Every frame from a connection that never said HELLO got an ERROR, counted nowhere:
+    300 such connections that never read held 647 MiB in the dispatcher's socket buffers."""
+    from zq.server.loop import STRANGER_ANSWERS_MAX
+
+    config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], heartbeat_ms=1000, heartbeat_liveness=20)
+    d = zq.Dispatcher(config).start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    check = disconnected(sock)
+    sock.connect(d.endpoint)
+    try:
+        for req in range(3 * STRANGER_ANSWERS_MAX):  # no HELLO: each is answered `no-session`, or not at all
+            sock.send(wire.encode(wire.Peek(req + 1, "q", 16)))
+        wait_until(check, timeout=20, what="the connection with no session to be shut")
+        unread = stats(d)["server"]["unread"]
+        assert unread["strangers_silenced"] == 1, unread
+        # A client that reconnects is served as ever: its first frame is a HELLO.
+        with zq.connect(d.endpoint) as c:
+            assert c.stats()["server"]["unread"]["strangers_silenced"] == 1
+    finally:
+        sock.close(0)
+        d.stop()
+
+
+def test_a_client_without_a_session_says_hello_again_at_its_first_refusal(tmp_path):
+    """What the bound must not break: a client whose session is gone (a dispatcher
+    restart) is told once, and starts a new one (zq.connect does it by itself)."""
+    config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"])
+    d = zq.Dispatcher(config).start()
+    try:
+        sock = raw_session(d.endpoint, "again")
+        try:
+            sock.send(wire.encode(wire.Bye()))
+            for req in range(3):
+                sock.send(wire.encode(wire.Peek(req + 1, "q", 1)))
+            for _ in range(3):
+                assert sock.poll(10_000)
+                err = wire.server_decoder.decode(sock.recv())
+                assert type(err) is wire.Error and err.code == wire.NO_SESSION
+            sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "again")))
+            assert sock.poll(10_000) and type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+        finally:
+            sock.close(0)
+    finally:
+        d.stop()

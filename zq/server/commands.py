@@ -93,6 +93,7 @@ class Commands:
     quotas: KeyQuotas
     outflow: Outflow
     leftovers: dict[bytes, Peer]
+    strangers: dict[bytes, list]
     over_peers: set[bytes]
     asking: Peer | None  # the remote session whose frame is being handled (what it may be shown)
     replayer: Replayer
@@ -152,6 +153,7 @@ class Commands:
             self.quotas.check_session(key, rights)
         fresh = self.peers[peer_id] = Peer(peer_id, cmd.name[:200], now)
         fresh.notices = wire.NOTICE in cmd.accepts
+        self.strangers.pop(peer_id, None)  # (answered while it had no session: it has one now)
         old = self.leftovers.pop(peer_id, None)
         if old is not None:
             self.outflow.inherit(fresh, old)

@@ -44,6 +44,8 @@ from zq.server.held import HeldConfirmations
 from zq.server.quotas import KeyQuotas
 from zq.server.local import LinkClosedError, LocalLink
 from zq.server.outflow import PULL_COMMANDS, UNSQUEEZED, Outflow, frames_of
+from zq.server.outflow import peer_address as outflow_peer_address
+from zq.server.outflow import shut_down as outflow_shut_down
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
@@ -71,6 +73,8 @@ _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): 
 NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
                    "the client reconnects by itself")
 NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
+STRANGER_ANSWERS_MAX = 64  # answers to a connection with no session (a client re-says HELLO at its first)
+STRANGER_TEXT_MAX = 200  # characters of an ERROR's text to a connection with no session
 ERROR_TEXT_MAX = 2000  # characters of an ERROR's text: a decode error once echoed a 40 MiB tag back, unread
 PAUSED_POLL_MS = 10  # while deliveries wait for a peer to read, how often the loop looks
 RETENTION_INTERVAL_MS = 10_000
@@ -189,6 +193,11 @@ class Server(Commands, Stats):
         self.paused_peers: set[bytes] = set()
         self.over_peers: set[bytes] = set()  # found over the limit: cut off if they read nothing for long
         self.leftovers: dict[bytes, Peer] = {}  # ended sessions whose connection still holds unread bytes
+        # Connections with no session, by routing id: [answers sent, descriptor, address]
+        # (``may_answer_stranger``); ``taking_fd``: the descriptor of the frame being handled.
+        self.strangers: dict[bytes, list] = {}
+        self.strangers_silenced = 0
+        self.taking_fd = -1
         self.carried: tuple[bytes, bytes, str | None, int] | None = None  # a big frame put off to the next iteration
         self.closed = False
         self.samples: collections.deque[tuple[int, tuple[int, int, int]]] = collections.deque(maxlen=16)
@@ -591,7 +600,9 @@ class Server(Commands, Stats):
             peer = self.peers.get(peer_id)
             if peer is not None and peer.fd == -1:
                 self.outflow.attach(peer, fd)
+        self.taking_fd = fd
         self.receive(peer_id, body, now, user)
+        self.taking_fd = -1
         if fd != -1:
             peer = self.peers.get(peer_id)
             if peer is not None and peer.fd == -1:
@@ -603,10 +614,12 @@ class Server(Commands, Stats):
         try:
             cmd = wire.client_decoder.decode(body)
         except msgspec.ValidationError as exc:  # a subclass of DecodeError: check it first
-            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {str(exc)[:ERROR_TEXT_MAX]}"))
+            cut = ERROR_TEXT_MAX if peer_id in self.peers else STRANGER_TEXT_MAX
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"invalid command: {str(exc)[:cut]}"))
             return
         except (msgspec.DecodeError, ValueError) as exc:  # ValueError: a str that is not UTF-8
-            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {str(exc)[:ERROR_TEXT_MAX]}"))
+            cut = ERROR_TEXT_MAX if peer_id in self.peers else STRANGER_TEXT_MAX
+            self.reply(peer_id, wire.Error(0, ProtocolError.code, f"malformed frame: {str(exc)[:cut]}"))
             return
         peer = self.peers.get(peer_id)
         secured = self.security is not None and not trusted
@@ -864,6 +877,8 @@ class Server(Commands, Stats):
         if peer is not None:
             peer.out_bytes += len(frame)  # counted now: the next request sees what this one will send
             self.outflow.sent_since += len(frame)
+        elif peer_id not in self.links and not self.may_answer_stranger(peer_id):
+            return  # a connection with no session that has had its answers: it is not sent more
         self.held.append((peer_id, frame, durable))
 
     def send(self, peer_id: bytes, frame: bytes | zmq.Frame, counted: bool = False) -> bool:
@@ -1005,6 +1020,28 @@ class Server(Commands, Stats):
             peer.stalled_since = wall_ms()
         self.over_peers.add(peer.peer_id)
 
+    def may_answer_stranger(self, peer_id: bytes) -> bool:
+        """May a connection with no session be answered once more? Its answers (an ERROR
+        each) are counted nowhere else and it may never read them: after
+        ``STRANGER_ANSWERS_MAX`` it is not answered, and its TCP connection is shut."""
+        entry = self.strangers.get(peer_id)
+        if entry is None:
+            fd = self.taking_fd
+            address = outflow_peer_address(fd) if fd >= 0 else None
+            entry = self.strangers[peer_id] = [0, fd, address]
+            if len(self.strangers) > self.config.max_connections:
+                del self.strangers[next(iter(self.strangers))]
+        entry[0] += 1
+        if entry[0] <= STRANGER_ANSWERS_MAX:
+            return True
+        if entry[0] == STRANGER_ANSWERS_MAX + 1:
+            self.strangers_silenced += 1
+            log.warning("a connection with no session was answered %d times: not answered again, and shut",
+                        STRANGER_ANSWERS_MAX)
+            if entry[1] >= 0 and entry[2] is not None:
+                outflow_shut_down(entry[1], entry[2])
+        return False
+
     def watch_unread(self, now: int) -> None:
         """Every heartbeat: cut off the peers that have read nothing for their dead-peer
         window while over the limit; forget the ones back under it; and forget the ended
@@ -1108,7 +1145,12 @@ class Server(Commands, Stats):
                 # still unread: a new session on it starts from these counts (``on_hello``).
                 self.leftovers[peer_id] = peer
                 if len(self.leftovers) > self.config.max_connections:
-                    del self.leftovers[next(iter(self.leftovers))]
+                    # Forgotten, its bytes would be counted nowhere (and a new session on it
+                    # would start afresh): its connection is shut instead.
+                    oldest = self.leftovers.pop(next(iter(self.leftovers)))
+                    self.outflow.shut_leftovers += 1
+                    if oldest.fd >= 0:
+                        outflow_shut_down(oldest.fd, oldest.address)
             if self.snapshots.open:
                 self.snapshots.drop_peer(peer_id)
             self.engine.disconnect(peer.consumer, now)

@@ -45,6 +45,7 @@ class Stats:
     samples: collections.deque[tuple[int, tuple[int, int, int]]]
     started_ms: int
     frames_in: int
+    strangers_silenced: int
     frames_out: int
     loop_max_ms: float
     loop_max_phases: dict[str, float]
@@ -119,7 +120,8 @@ class Stats:
             "dispatch_deferred": self.engine.dispatch_deferred,  # dispatches left for the next step at the filter budget
             "internal_errors": self.internal_errors,
             "bulk_actions": len(self.bulk_actions),
-            "unread": {**self.outflow.stats(), "paused_peers": len(self.paused_peers)},  # zq.server.outflow
+            "unread": {**self.outflow.stats(), "paused_peers": len(self.paused_peers),  # zq.server.outflow
+                       "strangers_silenced": self.strangers_silenced},
             "security": ({**self.security.stats(), "quotas": self.quotas.stats()} if self.security is not None
                          else {"on": False}),
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
