@@ -198,7 +198,7 @@ def test_purge_expiry_and_stats_see_delayed_messages():
     assert h.engine.stats()["queues"]["jobs"]["delayed"] == 2
     h.advance(6_000)  # older than expiration: they expire while they wait
     h.drain()
-    assert (q.depth, len(q.delayed), len(q.sleeping)) == (0, 0, 0)
+    assert (q.depth, len(q.delays.due), len(q.sleeping)) == (0, 0, 0)
     assert sorted(s for e in h.events(R.EXPIRED) for s in e.bookmarks) == [a, c]
 
 

@@ -127,7 +127,7 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     elif bug == "parked-group-blocks-all":
         original_can_go = Queue.group_can_go
         monkeypatch.setattr(Queue, "group_can_go",
-                            lambda self, grp: not self.delayed and original_can_go(self, grp))
+                            lambda self, grp: not self.delays.due and original_can_go(self, grp))
     elif bug == "renewal-ignores-max-age":
         original_renew = Queue.renew
         monkeypatch.setattr(Queue, "renew", lambda self, lease, deadline_ms: original_renew(

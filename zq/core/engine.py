@@ -1243,7 +1243,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "dead_lettered": q.dead_lettered,
                 "redelivered": q.redelivered,
                 "lost": q.lost_settles,
-                "delayed": len(q.delayed) + len(q.inactive_due),
+                "delayed": len(q.delays.due) + len(q.inactive_due),
                 "retries_delayed": q.retries_delayed,
                 "renewed": q.renewed,
                 "failed": q.failed,

@@ -120,7 +120,7 @@ def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
     queue the places hold ranks (``q.ranks``), and the fifo stays empty."""
     if seq in q.removed:
         return None
-    if q.delayed and seq in q.delayed and seq not in q.lease_of:
+    if q.delays.due and seq in q.delays.due and seq not in q.lease_of:
         # Waiting for its time, wherever it sits: set aside asleep, parked at its group's
         # head, or still in the fifo where recovery put it (it was "fifo" after a restart).
         return "delayed"

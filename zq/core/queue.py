@@ -41,10 +41,10 @@ A delivery is a *lease*. Leases are kept per delivered batch (one ``Lease`` per
 subscription per engine step), not per message; ``lease_of`` maps a leased sequence
 number to its lease. Lease deadlines of one queue grow monotonically (constant
 lease period, monotonic time), so expiry walks a deque from the front; extended
-leases, whose deadlines are arbitrary, go to a small heap.
+leases, whose deadlines are arbitrary, go to a small heap: both are ``LeaseClock``'s.
 
 Delayed messages (a retry's backoff, a publish's delay) wait in their usual places and
-are marked in ``delayed`` (seq -> due ms) with a timer heap, ``delay_heap``. Dispatch
+are marked (seq -> due ms) with a timer each (``DelayTimer``). Dispatch
 moves a marked message it meets into its group's pending list (where, as the group's
 head, it *parks* the group: that group waits, no other does) or, ungrouped, into
 ``sleeping``; ``advance`` wakes it at its due time, back into its original place.
@@ -148,6 +148,103 @@ class Lease:
         self.started_ms = started_ms
         self.seqs: list[int] = []
         self.live = 0  # how many of ``seqs`` this lease still holds
+
+
+class LeaseClock:
+    """When each lease runs out (the theory of operation: "A delivery is a lease").
+
+    Leases of the queue's own period are made in deadline order (one period, monotonic
+    time), so they wait in ``in_order`` and run out from its front; a lease with any
+    other deadline (a claim's own period, an extension, a renewal) waits in ``heap``. A
+    lease that has settled (``live`` 0) is dropped wherever it is met, never waited for."""
+
+    __slots__ = ("in_order", "heap", "tiebreak")
+
+    def __init__(self) -> None:
+        self.in_order: deque[Lease] = deque()
+        self.heap: list[tuple[int, int, Lease]] = []
+        self.tiebreak = 0  # heap entries of equal deadlines keep the order they came in
+
+    def add_in_order(self, lease: Lease) -> None:
+        """A lease of the queue's period: it ends after every lease added before it."""
+        self.in_order.append(lease)
+
+    def add(self, lease: Lease) -> None:
+        """A lease with a deadline of its own."""
+        self.tiebreak += 1
+        heapq.heappush(self.heap, (lease.deadline_ms, self.tiebreak, lease))
+
+    def period_changed(self) -> None:
+        """The queue's lease period changed: new leases could end before the old ones, so
+        the old ones that still hold something wait by deadline instead."""
+        for lease in self.in_order:
+            if lease.live:
+                self.add(lease)
+        self.in_order.clear()
+
+    def pop_due(self, now_ms: int) -> Lease | None:
+        """The next lease that ran out by ``now_ms`` or has settled, taken off the clock
+        (those in order first, as they always were); None when there is none."""
+        in_order = self.in_order
+        if in_order:
+            first = in_order[0]
+            if first.live == 0 or first.deadline_ms <= now_ms:
+                return in_order.popleft()
+        heap = self.heap
+        if heap:
+            top = heap[0]
+            if top[2].live == 0 or top[0] <= now_ms:
+                return heapq.heappop(heap)[2]
+        return None
+
+    def next_ms(self) -> int | None:
+        """The earliest deadline of a lease that still holds something (settled leases at
+        the front of the order are dropped on the way: advance would drop them too)."""
+        in_order = self.in_order
+        while in_order and in_order[0].live == 0:
+            in_order.popleft()
+        best = in_order[0].deadline_ms if in_order else None
+        if self.heap:
+            d = self.heap[0][0]
+            best = d if best is None else min(best, d)
+        return best
+
+
+class DelayTimer:
+    """Messages that may not go before a time (a retry's backoff, a publish's delay; the
+    theory of operation's "Delayed messages"). ``due`` marks each such message while it
+    waits in its place: seq -> (due ms, group id); ``heap`` holds the timers, (due ms,
+    seq), stale once their mark is gone or was set again."""
+
+    __slots__ = ("due", "heap")
+
+    def __init__(self) -> None:
+        self.due: dict[int, tuple[int, int]] = {}
+        self.heap: list[tuple[int, int]] = []
+
+    def mark(self, seq: int, gid: int, due_ms: int) -> None:
+        self.due[seq] = (due_ms, gid)
+        heapq.heappush(self.heap, (due_ms, seq))
+
+    def any_due(self, now_ms: int) -> bool:
+        return bool(self.heap) and self.heap[0][0] <= now_ms
+
+    def take_due(self, now_ms: int) -> list[tuple[int, int]]:
+        """The marks whose time came by ``now_ms``, as (seq, group id), taken off."""
+        heap, due = self.heap, self.due
+        out: list[tuple[int, int]] = []
+        while heap and heap[0][0] <= now_ms:
+            when, seq = heapq.heappop(heap)
+            entry = due.get(seq)
+            if entry is None or entry[0] != when:
+                continue  # settled, removed or delayed again since
+            del due[seq]
+            out.append((seq, entry[1]))
+        return out
+
+    def next_ms(self) -> int | None:
+        """The earliest timer (perhaps stale: waking for it finds nothing, and is cheap)."""
+        return self.heap[0][0] if self.heap else None
 
 
 class Causes:
@@ -257,9 +354,7 @@ class Queue:
         self.ready: list[tuple[int, int]] = []
         self.meta: dict[int, int] = {}
         self.lease_of: dict[int, Lease] = {}
-        self.lease_fifo: deque[Lease] = deque()
-        self.lease_heap: list[tuple[int, int, Lease]] = []
-        self.lease_tiebreak = 0
+        self.lease_clock = LeaseClock()
         self.removed: set[int] = set()  # available messages taken out of place (ack-unleased)
         self.removed_gid: dict[int, int] = {}  # removed ones whose group already stopped counting them
         self.subs: list[Subscription] = []
@@ -298,8 +393,7 @@ class Queue:
         self.poisoned = 0
         self.poison_errors: dict[int, str] = {}  # this step's: seq -> why (its event and dead letter carry it)
         # Delays (retry backoff, publish delay): see the module docstring.
-        self.delayed: dict[int, tuple[int, int]] = {}  # seq -> (due ms, group id)
-        self.delay_heap: list[tuple[int, int]] = []  # (due ms, seq); entries no longer in ``delayed`` are stale
+        self.delays = DelayTimer()
         self.sleeping: set[int] = set()  # ranks of delayed messages of no group that dispatch set aside
         self.delays_out: list[tuple[int, int, int, str]] = []  # this step's: seq, deliveries, due ms, reason
         self.inactive_due: dict[int, int] = {}  # TargetQueueDepth: delays of journal-only messages
@@ -347,13 +441,7 @@ class Queue:
             self.fair_share.weights = dict(s.tenant_weights)
             self.fair_share.default_weight = s.tenant_default_weight
         if s.lease_ms != old.lease_ms:
-            # Leases of one period sit in deadline order in ``lease_fifo``; with another
-            # period, new ones could end before old ones: the old ones go to the heap.
-            for lease in self.lease_fifo:
-                if lease.live:
-                    self.lease_tiebreak += 1
-                    heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
-            self.lease_fifo.clear()
+            self.lease_clock.period_changed()
             for sub in self.subs:
                 sub.current = None
         self.dirty = True  # (a breach that the new limits end, the engine's next step ends)
@@ -526,7 +614,7 @@ class Queue:
                     self.expire_waiting(seq, gid, R.REASON_EXPIRED)
                     continue
                 grp = groups[gid] if gid else None
-                if self.delayed and seq in self.delayed:
+                if self.delays.due and seq in self.delays.due:
                     self.head += 1  # not yet: it waits in its group (parking it) or asleep
                     if grp is not None:
                         self.park(grp, seq)
@@ -550,7 +638,7 @@ class Queue:
                 self.head += 1
             elif r < g:
                 seq = r & SEQ_MASK  # r itself in a FIFO queue
-                if self.delayed and seq in self.delayed:
+                if self.delays.due and seq in self.delays.due:
                     heapq.heappop(returned)  # a publish's delay (ordered queues enqueue into the heap)
                     if seq == self.heap_oldest:
                         self.heap_oldest = None
@@ -657,7 +745,7 @@ class Queue:
     def group_can_go(self, grp: Group) -> bool:
         if grp.held:
             return False
-        if self.delayed and grp.phead < len(grp.pending) and grp.pending[grp.phead] in self.delayed:
+        if self.delays.due and grp.phead < len(grp.pending) and grp.pending[grp.phead] in self.delays.due:
             return False  # parked: its head waits for its time, and the group behind it
         if self.owned:
             owner = grp.owner
@@ -805,7 +893,7 @@ class Queue:
             return False
         if self.lease_of and min(self.lease_of) < b:
             return True
-        if self.delayed and min(self.delayed) < b:
+        if self.delays.due and min(self.delays.due) < b:
             return True  # an earlier message waits for its retry: it is not acknowledged either
         self.barriers.pop(0)
         self.head += 1  # ungrouped and never leased: it is the fifo's head
@@ -999,15 +1087,14 @@ class Queue:
         if lease is None:
             if sub.lease_ms is None:
                 lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
-                self.lease_fifo.append(lease)  # one lease period: deadlines in order
+                self.lease_clock.add_in_order(lease)
             else:
                 claim_ms = sub.lease_ms
                 max_age = self.settings.max_lease_age_ms
                 if max_age and claim_ms > max_age:
                     claim_ms = max_age  # a claim's own lease: not past the queue's maximum age either
                 lease = sub.current = Lease(sub, now_ms + claim_ms, now_ms)
-                self.lease_tiebreak += 1
-                heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
+                self.lease_clock.add(lease)
             if len(sub.leases) > 64:
                 sub.leases = [x for x in sub.leases if x.live]
             sub.leases.append(lease)
@@ -1170,8 +1257,8 @@ class Queue:
         self.meta.pop(seq, None)
         if self.last_holder:
             self.last_holder.pop(seq, None)
-        if self.delayed:
-            self.delayed.pop(seq, None)
+        if self.delays.due:
+            self.delays.due.pop(seq, None)
         if self.causes:
             c = self.causes.pop(seq, None)
             if c is not None:
@@ -1407,8 +1494,7 @@ class Queue:
         if len(sub.leases) > 64:
             sub.leases = [x for x in sub.leases if x.live]
         sub.leases.append(fresh)
-        self.lease_tiebreak += 1
-        heapq.heappush(self.lease_heap, (deadline_ms, self.lease_tiebreak, fresh))
+        self.lease_clock.add(fresh)
 
     def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
         """Move ``seqs`` to a lease ending at ``deadline_ms`` (on a queue with a maximum
@@ -1432,8 +1518,7 @@ class Queue:
             self.lease_of[seq] = lease
         for lease in fresh.values():
             sub.leases.append(lease)
-            self.lease_tiebreak += 1
-            heapq.heappush(self.lease_heap, (lease.deadline_ms, self.lease_tiebreak, lease))
+            self.lease_clock.add(lease)
         return refused
 
     def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
@@ -1485,23 +1570,15 @@ class Queue:
 
     def mark_delayed(self, seq: int, gid: int, due_ms: int, reason: str, journal: bool = True) -> None:
         """``seq``, waiting in its place, may not go before ``due_ms``."""
-        self.delayed[seq] = (due_ms, gid)
-        heapq.heappush(self.delay_heap, (due_ms, seq))
+        self.delays.mark(seq, gid, due_ms)
         if journal:
             self.delays_out.append((seq, self.meta.get(seq, 0) & _D_MASK, due_ms, reason))
         self.dirty = True
 
     def wake_due(self, now_ms: int) -> None:
         """Delayed messages whose time came go back to their places."""
-        heap, delayed = self.delay_heap, self.delayed
-        while heap and heap[0][0] <= now_ms:
-            due, seq = heapq.heappop(heap)
-            entry = delayed.get(seq)
-            if entry is None or entry[0] != due:
-                continue  # settled, removed or delayed again since
-            del delayed[seq]
+        for seq, gid in self.delays.take_due(now_ms):
             self.dirty = True
-            gid = entry[1]
             if gid:
                 grp = self.groups.get(gid)
                 if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
@@ -1518,7 +1595,7 @@ class Queue:
 
     def due_of(self, seq: int) -> int | None:
         """When a delayed message may go (Unix ms), or None."""
-        entry = self.delayed.get(seq)
+        entry = self.delays.due.get(seq)
         return entry[0] if entry is not None else None
 
     def put_back(self, seq: int, m: int, due_ms: int = 0, reason: str = "") -> None:
@@ -1598,8 +1675,8 @@ class Queue:
         if seq in self.removed or seq in self.lease_of:
             return False
         parked = 0  # the group this message parks (as its delayed head), to go on without it
-        if self.delayed and seq in self.delayed:
-            _, parked = self.delayed.pop(seq)
+        if self.delays.due and seq in self.delays.due:
+            _, parked = self.delays.due.pop(seq)
             asleep = self.ranks.get(seq, -1) if self.ordered else seq
             if asleep in self.sleeping:
                 self.sleeping.discard(asleep)
@@ -1800,14 +1877,13 @@ class Queue:
     def advance(self, now_ms: int, watermark: int) -> None:
         """Expire leases that ended and messages that grew too old."""
         self.expired_watermark = watermark
-        lease_fifo = self.lease_fifo
-        if self.delay_heap and self.delay_heap[0][0] <= now_ms:
+        if self.delays.any_due(now_ms):
             self.wake_due(now_ms)
-        while lease_fifo and (lease_fifo[0].live == 0 or lease_fifo[0].deadline_ms <= now_ms):
-            self.expire_lease(lease_fifo.popleft(), now_ms)
-        heap = self.lease_heap
-        while heap and (heap[0][2].live == 0 or heap[0][0] <= now_ms):
-            self.expire_lease(heapq.heappop(heap)[2], now_ms)
+        clock = self.lease_clock
+        lease = clock.pop_due(now_ms)
+        while lease is not None:
+            self.expire_lease(lease, now_ms)
+            lease = clock.pop_due(now_ms)
         if watermark >= 0 and self.depth:
             self.expire_old_waiting(watermark, now_ms)
 
@@ -1926,15 +2002,9 @@ class Queue:
         self.compact_skipped()
 
     def next_deadline_ms(self) -> int | None:
-        fifo = self.lease_fifo
-        while fifo and fifo[0].live == 0:  # settled: nothing to wait for (advance drops them too)
-            fifo.popleft()
-        best = fifo[0].deadline_ms if fifo else None
-        if self.lease_heap:
-            d = self.lease_heap[0][0]
-            best = d if best is None else min(best, d)
-        if self.delay_heap:
-            d = self.delay_heap[0][0]
+        best = self.lease_clock.next_ms()
+        d = self.delays.next_ms()
+        if d is not None:
             best = d if best is None else min(best, d)
         return best
 

@@ -433,12 +433,12 @@ class Simulator:
                         raise InvariantError(f"{q.name}: {seq} leased until {lease.deadline_ms}, past its maximum age "
                                              f"(delivered {lease.started_ms} + {max_age})")
                 self.renewals = max(self.renewals, q.renewed)
-            if not q.delayed:
+            if not q.delays.due:
                 continue
-            late = sorted(seq for seq, (due, _) in q.delayed.items() if due <= self.now_ms)
+            late = sorted(seq for seq, (due, _) in q.delays.due.items() if due <= self.now_ms)
             if late:
                 raise InvariantError(f"{q.name}: {late[:5]} still wait for a time that has come (now {self.now_ms}: "
-                                     f"{[q.delayed[s][0] for s in late[:5]]})")
+                                     f"{[q.delays.due[s][0] for s in late[:5]]})")
             if q.filtered or q.browse or q.barriers or not q.grouped or q.dirty:
                 continue  # (dirty: something freed after this drain's dispatch, e.g. a destructive claim's acks)
             if not any(s.used < s.backlog for s in q.subs):
@@ -448,11 +448,11 @@ class Simulator:
                 if not grp.has_pending():
                     continue
                 head = grp.pending[grp.phead]
-                if head in q.delayed or head in q.removed or head <= q.expired_watermark:
+                if head in q.delays.due or head in q.removed or head <= q.expired_watermark:
                     continue
                 if q.group_can_go(grp):
                     raise InvariantError(f"{q.name}: group {grp.name} could go (head {head}) but waits while "
-                                         f"{sorted(q.delayed)[:5]} are delayed")
+                                         f"{sorted(q.delays.due)[:5]} are delayed")
 
     def check_explain(self) -> None:
         """``zq explain`` must agree with the truth: for a few messages of each step, its
