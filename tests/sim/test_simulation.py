@@ -24,6 +24,18 @@ def test_the_same_seed_gives_the_same_trace():
     assert Simulator(7, 400).run().digest() != Simulator(8, 400).run().digest()
 
 
+def test_the_digests_of_a_range_of_seeds_are_printed_to_compare_two_trees(capsys):
+    """``--digests``: what a refactor of the core compares with the tree before it."""
+    from zq.testing.simulator import main
+
+    assert main(["--digests", "3", "5", "--steps", "60"]) == 0
+    lines = capsys.readouterr().out.split()
+    assert lines == ["3", Simulator(3, 60).run().digest(), "4", Simulator(4, 60).run().digest()]
+    for bad in (["--digests", "5", "3"], ["--digests", "0", "20000"], ["--digests", "1", "2", "--steps", "0"], []):
+        with pytest.raises(SystemExit):
+            main(bad)
+
+
 def test_a_step_that_finds_its_work_gives_the_trace_of_one_that_visits_every_queue():
     """The engine visits only the queues something touched and those whose deadline came
     (``Engine.touch``); visiting every queue every step, as it once did, must not change

@@ -688,10 +688,23 @@ def run_seed(seed: int, steps: int = 2000) -> Simulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the zq engine simulator for one seed.")
-    parser.add_argument("--seed", type=int, required=True)
+    parser = argparse.ArgumentParser(description="Run the zq engine simulator for one seed, or print the trace "
+                                                 "digests of a range of seeds (to compare two trees of the core).")
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--digests", type=int, nargs=2, metavar=("FIRST", "END"),
+                        help="print 'seed digest' for seeds FIRST..END-1: a change meant to keep behaviour "
+                             "prints the same lines as the tree before it")
     args = parser.parse_args(argv)
+    if args.digests:
+        first, end = args.digests
+        if not 0 <= first < end or end - first > 10_000 or not 1 <= args.steps <= 1_000_000:
+            parser.error("--digests FIRST END: 0 <= FIRST < END, at most 10,000 seeds; --steps 1..1,000,000")
+        for seed in range(first, end):
+            print(seed, Simulator(seed, args.steps).run().digest(), flush=True)
+        return 0
+    if args.seed is None:
+        parser.error("give --seed N, or --digests FIRST END")
     sim = Simulator(args.seed, args.steps)
     print(f"SEED={args.seed} options={sim.options}")
     try:
