@@ -1,5 +1,6 @@
 """The parts a ``Queue`` is made of (zq.core.queue), each on its own: ``LeaseClock``
-(when each lease runs out), ``DelayTimer`` (messages that may not go before a time)."""
+(when each lease runs out), ``DelayTimer`` (messages that may not go before a time),
+``CauseLedger`` (why deliveries ended unfinished, by cause)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,29 @@ def test_a_mark_removed_or_set_again_leaves_a_stale_timer_that_wakes_nothing():
     assert timer.next_ms() == 100  # stale, and cheap to wake for
     assert timer.take_due(100) == []
     assert timer.take_due(500) == [(2, 0)]
+
+
+def test_the_ledger_counts_each_cause_and_says_when_a_limit_is_reached():
+    from zq.core import records as R
+    from zq.core.queue import CauseLedger
+
+    ledger = CauseLedger(QueueSettings(name="q", max_failures=2, max_lease_expiries=1))
+    ledger.names["c1"] = "worker one"
+    assert ledger.limited()
+    assert ledger.note(5, R.CANCELLED, "c1", 10) == ""  # a cancel without an error counts, and limits nothing
+    assert ledger.note(5, R.CANCELLED, "c1", 20, error="boom") == ""
+    assert ledger.note(5, R.CANCELLED, "c2", 30, error="again") == R.REASON_MAX_FAILURES
+    c = ledger.open[5]
+    assert (c.cancelled, c.failed, c.last_error, c.last_consumer, c.first_ms, c.last_ms) == (1, 2, "again", "c2", 10, 30)
+    assert ledger.note(6, R.LEASE_EXPIRED, "c1", 40) == R.REASON_MAX_LEASE_EXPIRIES
+    assert ledger.open[6].last_consumer == "worker one"  # named as it named itself
+    assert ledger.note(7, R.RETURNED, "c1", 50) == ""  # its holder gone: no limit on that cause here
+    assert (ledger.failed, ledger.lease_expiries, ledger.consumers_gone) == (2, 1, 1)
+    ledger.finished(5)
+    assert 5 not in ledger.open and ledger.done[5] is c  # its dead letter carries it
+    ledger.configure(QueueSettings(name="q"))
+    assert not ledger.limited()
+    ledger.restore(9, [1, 2, 3, 4, 100, 200], "why", "who")
+    r = ledger.open[9]
+    assert (r.cancelled, r.failed, r.lease_expired, r.consumer_gone, r.first_ms, r.last_ms, r.last_error,
+            r.last_consumer) == (1, 2, 3, 4, 100, 200, "why", "who")

@@ -176,7 +176,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if settings.target_queue_depth and self.scan is None:
             raise ConfigError(f"queue {settings.name!r}: target_queue_depth needs an engine with a journal scan port")
         q = Queue(settings)
-        q.names = self.consumer_names  # shared: causes name the consumer as it named itself
+        q.ledger.names = self.consumer_names  # shared: causes name the consumer as it named itself
         self.queues_made += 1
         q.ordinal = self.queues_made
         self.queues[settings.name] = q
@@ -995,8 +995,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if q.reclaimers:
                 self.plan_revokes(q)
             self.flush_events(q)
-            if q.causes_done:  # its dead letters, which read it, are published by now
-                q.causes_done = {}
+            if q.ledger.done:  # its dead letters, which read it, are published by now
+                q.ledger.done = {}
             if q.reclaims_done:
                 q.reclaims_done = {}
         sending = [sub for q in touched for sub in q.subs if sub.out_seqs or sub.barrier_out]
@@ -1054,7 +1054,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def plan_revokes(self, q: Queue) -> None:
         """Reclaiming: ask holders for unstarted work a hungry subscription could do. The
         decision runs only when the queue's counters moved since one that found nothing."""
-        key = (q.delivered, q.acked, q.cancelled, q.expired, q.lease_expiries, q.consumers_gone, q.reclaimed,
+        key = (q.delivered, q.acked, q.cancelled, q.expired, q.ledger.lease_expiries, q.ledger.consumers_gone, q.reclaimed,
                len(q.subs))
         if key == q.reclaim_seen:
             return
@@ -1107,7 +1107,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             "zq.deliveries": str(deliveries),
             "zq.bookmark": str(seq),
         }
-        causes = q.causes_done.get(seq) or q.causes.get(seq)
+        causes = q.ledger.done.get(seq) or q.ledger.open.get(seq)
         if causes is not None:  # why its deliveries ended unfinished, by cause
             headers.update({"zq.cancelled": str(causes.cancelled), "zq.failed": str(causes.failed),
                             "zq.lease_expired": str(causes.lease_expired),
@@ -1246,9 +1246,9 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "delayed": len(q.delays.due) + len(q.inactive_due),
                 "retries_delayed": q.retries_delayed,
                 "renewed": q.renewed,
-                "failed": q.failed,
-                "lease_expiries": q.lease_expiries,
-                "consumers_gone": q.consumers_gone,
+                "failed": q.ledger.failed,
+                "lease_expiries": q.ledger.lease_expiries,
+                "consumers_gone": q.ledger.consumers_gone,
                 "revoked": q.revoked,
                 "reclaimed": q.reclaimed,
                 "groups": len(q.groups),
@@ -1413,7 +1413,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if q.inactive:  # acknowledged before they were read in: skip them when they are
                 q.early_acks = {s for s in done[q.name] if s >= q.tqd_cursor}
             eng.rp_written[q.name] = recovery_points.get(q.name, -1)
-            if not q.at_most_once and (q.settings.max_deliveries or q.cause_limits):
+            if not q.at_most_once and (q.settings.max_deliveries or q.ledger.limited()):
                 expire_exhausted(q)
             eng.names_to_forget.extend(causes[q.name].named)
         return eng
@@ -1455,7 +1455,7 @@ def expire_exhausted(q: Queue) -> None:
         reason = ""
         if limit and q.counted_deliveries(seq, q.meta[seq]) >= limit:
             reason = R.REASON_MAX_DELIVERIES
-        elif gone and (c := q.causes.get(seq)) is not None and c.consumer_gone >= gone:
+        elif gone and (c := q.ledger.open.get(seq)) is not None and c.consumer_gone >= gone:
             reason = R.REASON_MAX_CONSUMER_GONE
         if reason and q.remove_available(seq):
             q.expired_out.append((seq, reason, q.deliveries_of(seq), q.group_name_of(seq)))
@@ -1518,7 +1518,7 @@ class CauseFold:
             self.note(seq, 3, opened[0], None, opened[1])
             q.note_event(R.RETURNED, opened[2], seq, opened[3], R.RETURN_RESTART)
             if opened[1] != opened[2]:  # the event names the consumer as it named itself (then forgotten)
-                q.names[opened[2]] = opened[1]
+                q.ledger.names[opened[2]] = opened[1]
                 self.named.append(opened[2])
         c = self.counts.get(seq)
         if c is not None:

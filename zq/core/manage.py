@@ -317,7 +317,7 @@ class ManagementMixin:
 
         settings = msgspec.structs.replace(settings, start_seq=old.settings.start_seq)
         q = QueueClass(settings)
-        q.names = old.names
+        q.ledger.names = old.ledger.names
         q.ordinal = old.ordinal  # (it takes the old one's place among the queues)
         for sub in old.subs:
             sub.queue = q

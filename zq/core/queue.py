@@ -271,6 +271,75 @@ class Causes:
                 "last_consumer": self.last_consumer, "first_ms": self.first_ms, "last_ms": self.last_ms}
 
 
+class CauseLedger:
+    """Delivery accounting by cause (see ``Causes``): a ``Causes`` for each message still
+    here whose deliveries ended unfinished (``open``), and this step's finished ones
+    (``done``: their dead letters carry them; the engine clears it after each drain);
+    the queue's counts for stats, and its limits by cause, which dead-letter."""
+
+    __slots__ = ("open", "done", "names", "failed", "lease_expiries", "consumers_gone",
+                 "max_failures", "max_lease_expiries", "max_consumer_gone")
+
+    def __init__(self, s: QueueSettings) -> None:
+        self.open: dict[int, Causes] = {}
+        self.done: dict[int, Causes] = {}
+        self.names: dict[str, str] = {}  # consumer -> the name it gave at HELLO (the engine's, shared)
+        self.failed = self.lease_expiries = self.consumers_gone = 0  # stats
+        self.max_failures = self.max_lease_expiries = self.max_consumer_gone = 0
+        self.configure(s)
+
+    def configure(self, s: QueueSettings) -> None:
+        self.max_failures = s.max_failures
+        self.max_lease_expiries = s.max_lease_expiries
+        self.max_consumer_gone = s.max_consumer_gone
+
+    def limited(self) -> bool:
+        """Does any cause have a limit (then exhausted messages are looked for)?"""
+        return bool(self.max_failures or self.max_lease_expiries or self.max_consumer_gone)
+
+    def note(self, seq: int, kind: str, consumer: str, now_ms: int, error: str = "") -> str:
+        """Count why a delivery of ``seq`` ended unfinished; returns the dead-letter
+        reason when that cause's limit is reached, else ""."""
+        c = self.open.get(seq)
+        if c is None:
+            c = self.open[seq] = Causes(now_ms)
+        limit = n = 0
+        reason = ""
+        if kind == R.CANCELLED:
+            if error:
+                c.failed += 1
+                c.last_error = error
+                self.failed += 1
+                limit, n, reason = self.max_failures, c.failed, R.REASON_MAX_FAILURES
+            else:
+                c.cancelled += 1
+        elif kind == R.LEASE_EXPIRED:
+            c.lease_expired += 1
+            self.lease_expiries += 1
+            limit, n, reason = self.max_lease_expiries, c.lease_expired, R.REASON_MAX_LEASE_EXPIRIES
+        else:
+            c.consumer_gone += 1
+            self.consumers_gone += 1
+            limit, n, reason = self.max_consumer_gone, c.consumer_gone, R.REASON_MAX_CONSUMER_GONE
+        c.last_consumer = self.names.get(consumer) or consumer
+        if now_ms > c.last_ms:
+            c.last_ms = now_ms
+        return reason if limit and n >= limit else ""
+
+    def finished(self, seq: int) -> None:
+        """``seq`` left the queue for good: its causes go with its dead letter, if any."""
+        c = self.open.pop(seq, None)
+        if c is not None:
+            self.done[seq] = c
+
+    def restore(self, seq: int, counts: list, error: str, consumer: str) -> None:
+        """Recovery: ``counts`` = [cancelled, failed, lease expired, consumer gone, first
+        ms, last ms], from the message's events."""
+        c = self.open[seq] = Causes(counts[4])
+        c.cancelled, c.failed, c.lease_expired, c.consumer_gone, c.last_ms = counts[0], counts[1], counts[2], counts[3], counts[5]
+        c.last_error, c.last_consumer = error, consumer
+
+
 class Group:
     __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count", "held")
 
@@ -401,11 +470,7 @@ class Queue:
         self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
         # Delivery accounting by cause (see Causes); ``causes_done``: this step's finished
         # messages' (their dead letters carry them), cleared by the engine after each drain.
-        self.causes: dict[int, Causes] = {}
-        self.causes_done: dict[int, Causes] = {}
-        self.cause_limits = bool(s.max_failures or s.max_lease_expiries or s.max_consumer_gone)
-        self.failed = self.lease_expiries = self.consumers_gone = 0  # stats
-        self.names: dict[str, str] = {}  # consumer -> the name it gave at HELLO (the engine's, shared)
+        self.ledger = CauseLedger(s)
         self.backoff = s.backoff_ms
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
@@ -436,7 +501,7 @@ class Queue:
         self.fairness = s.effective_fairness()
         self.backoff = s.backoff_ms
         self.limited = bool(s.max_depth or s.max_bytes)
-        self.cause_limits = bool(s.max_failures or s.max_lease_expiries or s.max_consumer_gone)
+        self.ledger.configure(s)
         if self.fair_share is not None:
             self.fair_share.weights = dict(s.tenant_weights)
             self.fair_share.default_weight = s.tenant_default_weight
@@ -1259,10 +1324,8 @@ class Queue:
             self.last_holder.pop(seq, None)
         if self.delays.due:
             self.delays.due.pop(seq, None)
-        if self.causes:
-            c = self.causes.pop(seq, None)
-            if c is not None:
-                self.causes_done[seq] = c
+        if self.ledger.open:
+            self.ledger.finished(seq)
         if self.reclaims:
             n = self.reclaims.pop(seq, 0)
             if n:
@@ -1345,8 +1408,8 @@ class Queue:
                 continue
             del lease_of[seq]
             lease.live -= 1
-            if self.causes:
-                self.causes.pop(seq, None)
+            if self.ledger.open:
+                self.ledger.open.pop(seq, None)
             if self.reclaims:
                 self.reclaims.pop(seq, None)
             busy += now_ms - lease.started_ms
@@ -1438,36 +1501,11 @@ class Queue:
         return None
 
     def note_cause(self, seq: int, kind: str, consumer: str, now_ms: int, error: str = "") -> str:
-        """Count why a delivery of ``seq`` ended unfinished; returns the dead-letter
-        reason when that cause's limit is reached, else ""."""
-        c = self.causes.get(seq)
-        if c is None:
-            c = self.causes[seq] = Causes(now_ms)
-        s = self.settings
-        limit = 0
-        if kind == R.CANCELLED:
-            if error:
-                c.failed += 1
-                c.last_error = error
-                self.failed += 1
-                limit, n, reason = s.max_failures, c.failed, R.REASON_MAX_FAILURES
-            else:
-                c.cancelled += 1
-        elif kind == R.LEASE_EXPIRED:
-            c.lease_expired += 1
-            self.lease_expiries += 1
-            limit, n, reason = s.max_lease_expiries, c.lease_expired, R.REASON_MAX_LEASE_EXPIRIES
-        else:
-            c.consumer_gone += 1
-            self.consumers_gone += 1
-            limit, n, reason = s.max_consumer_gone, c.consumer_gone, R.REASON_MAX_CONSUMER_GONE
-        c.last_consumer = self.names.get(consumer) or consumer
-        if now_ms > c.last_ms:
-            c.last_ms = now_ms
-        return reason if limit and n >= limit else ""
+        """Count why a delivery of ``seq`` ended unfinished (``CauseLedger.note``)."""
+        return self.ledger.note(seq, kind, consumer, now_ms, error)
 
     def causes_of(self, seq: int) -> Causes | None:
-        return self.causes.get(seq)
+        return self.ledger.open.get(seq)
 
     def expire_request(self, sub: Subscription, seq: int) -> str | None:
         if self.browse:
@@ -2245,11 +2283,8 @@ class Queue:
         return grp.name if grp is not None else None
 
     def restore_causes(self, seq: int, counts: list, error: str, consumer: str) -> None:
-        """Recovery: the causes of a message's unfinished deliveries, from its events:
-        ``counts`` = [cancelled, failed, lease expired, consumer gone, first ms, last ms]."""
-        c = self.causes[seq] = Causes(counts[4])
-        c.cancelled, c.failed, c.lease_expired, c.consumer_gone, c.last_ms = counts[0], counts[1], counts[2], counts[3], counts[5]
-        c.last_error, c.last_consumer = error, consumer
+        """Recovery: the causes of a message's unfinished deliveries (``CauseLedger.restore``)."""
+        self.ledger.restore(seq, counts, error, consumer)
 
     def restore_counts(self, seq: int, gid: int, deliveries: int, cancels: int) -> None:
         """Recovery: re-create the counters of a message delivered before the crash."""
