@@ -367,7 +367,7 @@ def print_messages(sub, count: int | None, timeout: float | None) -> None:  # ty
 
 @app.command()
 def stats(
-    queue: Optional[str] = typer.Argument(None, help="only this queue (default: every queue)"),
+    queue: Optional[str] = typer.Argument(None, help="only this queue (default: every queue, or the 1,000 holding the most when there are more)"),
     endpoint: Optional[str] = EndpointOpt,
     as_json: bool = typer.Option(False, "--json", help="print the raw stats as JSON (with QUEUE: that queue's)"),
 ) -> None:
