@@ -262,3 +262,68 @@ def test_a_bad_max_unread_is_refused_naming_the_key(tmp_path, value, words):
         Config.load(path)
     path.write_text("[server]\nmax_unread = '256MiB'\n")
     assert Config.load(path).max_unread_bytes == 256 << 20
+
+
+def test_a_peer_that_reads_a_trickle_while_over_its_limit_is_cut_off(dispatcher):
+    """Any progress restarted the dead-peer window (and dipping under the limit let one
+    more frame go), so 40 peers reading 16 KiB/s while deliveries waited for them were
+    never cut off and kept the dispatcher brimful. Now a peer over its limit must read a
+    quarter of it within its window (600 ms here), or be cut off."""
+    with zq.connect(dispatcher.inproc) as c:
+        c.create_queue("drip", max_per_subscription_backlog=1000)
+    sock = non_reader(dispatcher.endpoint, "trickle")
+    try:
+        for sub in ("s1", "s2"):  # (each takes at most 1,000: together 1.8 MB, past the 1 MiB limit)
+            sock.send(wire.encode(wire.Subscribe(1, sub, "drip", 1000)))
+            assert type(answer(sock)) is wire.Subscribed
+        with zq.connect(dispatcher.inproc) as c:
+            sent = c.publish_many("drip", [b"d" * 900] * 4000)  # DELIVER frames of 256: ~230 KB each
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["paused_deliveries"] >= 1, timeout=20,
+                   what="deliveries to wait for the trickle reader")
+
+        def cut_off() -> bool:
+            if sock.poll(0):
+                sock.recv()  # one DELIVER frame (at most ~230 KB) a turn: under a quarter of the limit a window
+            sock.send(wire.HEARTBEAT_FRAME)  # (it keeps talking: silence is not what cuts it off)
+            return stats(dispatcher)["server"]["unread"]["cut_off_unread"] == 1
+
+        wait_until(cut_off, timeout=20, interval=0.8, what="the peer reading a trickle to be cut off")
+        assert peer_named(stats(dispatcher), "trickle") is None
+        got = []
+        with zq.Worker(dispatcher.endpoint, "drip", max_backlog=500) as w:  # its messages go on
+            while len(got) < len(sent):
+                msg = w.get(timeout=10)
+                assert msg is not None, f"stalled after {len(got)} of {len(sent)}"
+                got.append(msg.bookmark)
+                msg.ack()
+        assert sorted(got) == sorted(sent)
+    finally:
+        sock.close(0)
+
+
+def test_a_settle_that_would_echo_its_bookmarks_is_refused_while_its_peer_is_over_its_limit(dispatcher):
+    """A settle's answer lists its bookmarks (a REPLY with ``req``, or a REFUSED per
+    reason): ACKs of 65,536 made-up bookmarks each drew a 590 KB answer, never held back."""
+    with zq.connect(dispatcher.inproc) as c:
+        c.publish_many("big", [BODY] * 16)
+    sock = non_reader(dispatcher.endpoint, "echo")
+    try:
+        ask_ranges(sock, 1, 4)
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 0 and
+                   (peer_named(stats(dispatcher), "echo") or {}).get("sent_bytes", 0) > LIMIT, timeout=20,
+                   what="the first answers to be sent")
+        sock.send(wire.encode(wire.Peek(90, "big", 16)))  # refused: it is over its limit now
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 1, timeout=20,
+                   what="a request refused for the bytes unread")
+        before = peer_named(stats(dispatcher), "echo")["sent_bytes"]
+        refused = stats(dispatcher)["server"]["unread"]["refused_unread"]
+        bookmarks = list(range(1, 65_537))
+        for req in range(5):
+            sock.send(wire.encode(wire.Ack("nosuch", bookmarks, [], 100 + req)))
+            sock.send(wire.encode(wire.Ack("nosuch", bookmarks, [])))
+        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= refused + 10, timeout=20,
+                   what="the ten settles to be refused")
+        grown = peer_named(stats(dispatcher), "echo")["sent_bytes"] - before
+        assert grown < 64 << 10, f"{grown} bytes of answers to a peer over its limit"
+    finally:
+        sock.close(0)

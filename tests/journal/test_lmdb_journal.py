@@ -218,3 +218,24 @@ def test_fsync_mode_syncs_urgent_commits_at_once_and_lets_others_wait_for_the_in
     assert j.unsynced is True  # an ack rides on the next sync
     j.commit(1000, urgent=False)
     assert j.unsynced is False  # ... at most fsync_interval later
+
+
+def test_read_raw_stops_after_the_record_that_reaches_max_bytes(tmp_path):
+    """The replays' pump bounds what it reads a turn in bytes (zq.server.replay)."""
+    from tests.core.helpers import Harness
+    from zq.journal.lmdb_journal import LmdbJournal
+
+    j = LmdbJournal(str(tmp_path / "j"))
+    try:
+        h = Harness()
+        h.pub("t", 10, payload=b"p" * 1000)
+        h.commit_to(j)
+        everything = j.read_raw(0, 100)
+        assert len(everything) == 10
+        size = len(everything[0][1])
+        assert j.read_raw(0, 100, 1) == everything[:1]  # the first always comes
+        assert j.read_raw(0, 100, 3 * size) == everything[:3]
+        assert j.read_raw(0, 100, 3 * size + 1) == everything[:4]
+        assert j.read_raw(everything[5][0], 2, 10**9) == everything[5:7]  # the record count still bounds it
+    finally:
+        j.close()

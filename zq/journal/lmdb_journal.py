@@ -592,20 +592,24 @@ class LmdbJournal:
                                  "(a damaged key)", [seq])
         return rec
 
-    def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
+    def read_raw(self, from_seq: int, max_records: int, max_bytes: int = 0) -> list[tuple[int, bytes]]:
         """Up to ``max_records`` stored messages from ``from_seq`` on, unsealed and
-        undecoded (one short txn). A damaged one is left out, and logged."""
+        undecoded (one short txn); with ``max_bytes``, none after the one that brings
+        what it returns to that many bytes. A damaged one is left out, and logged."""
         out: list[tuple[int, bytes]] = []
+        size = 0
         with self.env.begin(db=self.msgs) as txn, txn.cursor() as cur:
             if not cur.set_range(key(from_seq)):
                 return out
             for k, v in cur.iternext():
                 seq = unkey(k)
                 try:
-                    out.append((seq, self.open_record(seq, v)))
+                    raw = self.open_record(seq, v)
+                    out.append((seq, raw))
+                    size += len(raw)
                 except JournalDamaged as exc:
                     log.error("%s (left out of a replay)", exc)
-                if len(out) >= max_records:
+                if len(out) >= max_records or (max_bytes and size >= max_bytes):
                     break
         return out
 

@@ -80,9 +80,17 @@ class MemoryJournal:
         i = bisect_left(self.message_seqs, from_seq)
         return self.messages[i : i + limit]
 
-    def read_raw(self, from_seq: int, max_records: int) -> list[tuple[int, bytes]]:
+    def read_raw(self, from_seq: int, max_records: int, max_bytes: int = 0) -> list[tuple[int, bytes]]:
         i = bisect_left(self.message_seqs, from_seq)
-        return [(m.seq, R.record_encoder.encode(m)) for m in self.messages[i : i + max_records]]
+        out: list[tuple[int, bytes]] = []
+        size = 0
+        for m in self.messages[i : i + max_records]:
+            raw = R.record_encoder.encode(m)
+            out.append((m.seq, raw))
+            size += len(raw)
+            if max_bytes and size >= max_bytes:
+                break
+        return out
 
     def seq_at_time(self, ts_ms: int) -> int:
         for m in self.messages:

@@ -73,6 +73,8 @@ _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): 
 NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
                    "the client reconnects by itself")
 NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
+SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend})
+SETTLE_QUIET_MAX = 1024  # bookmarks in a settle without ``req`` that a peer over its unread limit may still send
 STRANGER_ANSWERS_MAX = 64  # answers to a connection with no session (a client re-says HELLO at its first)
 STRANGER_TEXT_MAX = 200  # characters of an ERROR's text to a connection with no session
 ERROR_TEXT_MAX = 2000  # characters of an ERROR's text: a decode error once echoed a 40 MiB tag back, unread
@@ -637,8 +639,9 @@ class Server(Commands, Stats):
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
-            if type(cmd) in PULL_COMMANDS and peer is not None and not trusted:
-                self.check_unread(peer)
+            if peer is not None and not trusted and (type(cmd) in PULL_COMMANDS or (
+                    type(cmd) in SETTLES and (cmd.req or len(cmd.bookmarks) > SETTLE_QUIET_MAX))):  # type: ignore[attr-defined]
+                self.check_unread(peer)  # (a settle's answer can echo every bookmark: 590 KB for 65,536)
             if secured:
                 if type(cmd) is wire.Hello and not self.security.allowed(user):  # type: ignore[union-attr]
                     # Connected before its key left the allowlist: no new session for it.
@@ -1018,6 +1021,7 @@ class Server(Commands, Stats):
         reading nothing, for its dead-peer window (``watch_unread``)."""
         if not peer.stalled_since:
             peer.stalled_since = wall_ms()
+            peer.window_cleared = peer.cleared
         self.over_peers.add(peer.peer_id)
 
     def may_answer_stranger(self, peer_id: bytes) -> bool:
@@ -1051,12 +1055,15 @@ class Server(Commands, Stats):
             peer = self.peers.get(peer_id)
             if peer is None:
                 self.over_peers.discard(peer_id)
-            elif not self.outflow.over(peer):
-                self.over_peers.discard(peer_id)
-                if peer.paused is None:
-                    peer.stalled_since = 0
+            elif not self.outflow.over(peer) and peer.paused is None:
+                self.over_peers.discard(peer_id)  # under its limit, nothing waiting for it: done
+                peer.stalled_since = 0
             elif not peer.stalled_since:
-                peer.stalled_since = now  # it read some, not enough: the window starts again
+                # It read a quarter of the limit, or all that waited went: a new window. (Dipping
+                # under the limit while deliveries wait is not enough: each dip let one more
+                # frame go, and a peer reading a trickle was never cut off.)
+                peer.stalled_since = now
+                peer.window_cleared = peer.cleared
             elif now - peer.stalled_since > dead_after:
                 self.cut_off(peer_id, peer, now)
         for peer_id, gone in list(self.leftovers.items()):

@@ -20,9 +20,10 @@ What waits is compared with ``server.max_unread`` (64 MiB by default):
   ``limit`` (a small frame) until the peer reads;
 * deliveries to it wait in the dispatcher as bookmarks (``Peer.paused``), not as
   frames, and leave in order once it reads (the journal holds their bytes anyway);
-* a peer over it that reads nothing for its dead-peer window (heartbeat x liveness)
-  is cut off: its session ends (its leases go back) and its TCP connection is shut
-  down, which makes libzmq drop what it held for it.
+* a peer over it that does not read a quarter of the limit within its dead-peer
+  window (heartbeat x liveness), nor get back under the limit, is cut off: its session
+  ends (its leases go back) and its TCP connection is shut down, which makes libzmq
+  drop what it held for it. (Reading a trickle is not reading.)
 
 Many peers each within that limit could still hold, together, more than the machine
 has (10,000 connections x 64 MiB). So the dispatcher also keeps a total against
@@ -226,7 +227,11 @@ class Outflow:
         cleared = acked - peer.acked_base
         if cleared > peer.cleared:
             peer.cleared = cleared
-            peer.stalled_since = 0
+            if cleared - peer.window_cleared >= self.limit >> 2:
+                # It reads at a pace that matters (a quarter of the limit since its window
+                # began): the window starts again. A trickle (16 KiB/s against 4 MiB held)
+                # once kept 40 peers that asked for 590 KB answers alive and growing.
+                peer.stalled_since = 0
         return peer.out_bytes - peer.cleared
 
     def over(self, peer) -> bool:  # type: ignore[no-untyped-def]
@@ -298,6 +303,7 @@ class Outflow:
         peer.out_bytes, peer.cleared, peer.acked_base = old.out_bytes, old.cleared, old.acked_base
         peer.fd, peer.address, peer.ranges_waiting = old.fd, old.address, old.ranges_waiting
         peer.stalled_since = old.stalled_since  # (a HELLO every 0.3 s once kept the window from ever ending)
+        peer.window_cleared = old.window_cleared
         peer.unread_cap = old.unread_cap
 
     def cut(self, peer) -> bool:  # type: ignore[no-untyped-def]

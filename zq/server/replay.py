@@ -39,6 +39,9 @@ REPLAYS_PER_PEER_MAX = 64
 REPLAYS_MAX = 1024  # open replays, all connections together
 PUMP_READ_MAX = 16_384  # records all replays together read in one loop iteration (bounds the loop's time)
 PUMP_BYTES_MAX = 4 * 1024 * 1024  # ... and bytes they send (six replays of 128 KiB records once held it 312 ms)
+# ... and bytes they read: 2,048 records of 1 MiB were read (and checked) to send four of
+# them, then read again the next iteration: one replay held the loop 3.4 s a turn.
+PUMP_READ_BYTES_MAX = 8 * 1024 * 1024
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Replayer:
         self.turn = (self.turn + 1) % len(items)
         budget = PUMP_READ_MAX  # shared, starting at a different replay each time: none starves
         bytes_left = PUMP_BYTES_MAX
+        read_left = PUMP_READ_BYTES_MAX
         for key, r in items[self.turn:] + items[: self.turn]:
             if r.end is not None and r.cursor >= r.end:  # from "now" or a future bookmark, without follow
                 del self.replays[key]
@@ -144,12 +148,15 @@ class Replayer:
                 continue
             if not_reading(r.peer_id):
                 continue
-            if budget <= 0 or bytes_left <= 0:
+            if budget <= 0 or bytes_left <= 0 or read_left <= 0:
                 break
             raws: list[msgspec.Raw] = []
             want = min(REPLAY_READ_MAX, max(room * 4, 64), budget)
-            rows = self.journal.read_raw(r.cursor, want)
+            rows = self.journal.read_raw(r.cursor, want, read_left)
             budget -= max(len(rows), 1)
+            read = sum(len(raw) for _, raw in rows)
+            cut = read >= read_left  # stopped by the bytes: more may follow before the stop
+            read_left -= read
             full = False
             for seq, raw in rows:
                 if seq >= stop:
@@ -165,7 +172,7 @@ class Replayer:
                 if len(raws) >= room or bytes_left <= 0:
                     full = True  # (the rest is read next time, from the cursor)
                     break
-            if not full and (len(rows) < want or (rows and rows[-1][0] >= stop)):
+            if not full and not cut and (len(rows) < want or (rows and rows[-1][0] >= stop)):
                 r.cursor = stop  # read everything there is up to the stop
             n = len(raws)
             for part in frames_of(raws):

@@ -45,6 +45,7 @@ class Peer:
     fd: int = -1
     address: tuple = ()
     stalled_since: int = 0  # over the unread limit without reading since (ms; 0: not)
+    window_cleared: int = 0  # ``cleared`` when that window began (it must read a quarter of the limit in it)
     unread_cap: int = 1 << 62  # its own limit, lowered to 0 while the dispatcher as a whole holds too much
     measured_out: int = -1  # out_bytes when it was last measured (a reckoning skips it if unchanged)
     ranges_waiting: int = 0  # its RANGE requests the reader thread has not answered yet
