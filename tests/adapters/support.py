@@ -63,6 +63,17 @@ def raw_session(endpoint: str, name: str = "raw", **options: int):  # type: igno
     return sock
 
 
+def answer(sock) -> object:  # type: ignore[no-untyped-def]
+    """The next frame ``sock`` receives that is not a heartbeat, decoded."""
+    from zq import wire
+
+    while True:
+        assert sock.poll(10_000), "no answer"
+        msg = wire.server_decoder.decode(sock.recv())
+        if type(msg) is not wire.Heartbeat:
+            return msg
+
+
 def frames_for(sock, seconds: float) -> list[object]:  # type: ignore[no-untyped-def]
     """Every frame ``sock`` receives in the next ``seconds``, decoded."""
     from zq import wire

@@ -17,7 +17,7 @@ import zq
 from zq import wire
 from zq.server.config import Config
 
-from .support import raw_session, wait_until
+from .support import answer, raw_session, wait_until
 
 LIMIT = 1 << 20  # server.max_unread at its smallest
 BODY = b"u" * (256 << 10)
@@ -38,15 +38,6 @@ def non_reader(endpoint: str, name: str) -> zmq.Socket:
     return raw_session(endpoint, name, RCVHWM=1, RCVBUF=4096)
 
 
-def answer(sock: zmq.Socket) -> object:
-    """The next frame that is not a heartbeat (they come every 200 ms here)."""
-    while True:
-        assert sock.poll(10_000), "no answer"
-        msg = wire.server_decoder.decode(sock.recv())
-        if type(msg) is not wire.Heartbeat:
-            return msg
-
-
 def stats(d) -> dict:  # type: ignore[no-untyped-def]
     with zq.connect(d.inproc) as c:
         return c.stats()
@@ -54,6 +45,18 @@ def stats(d) -> dict:  # type: ignore[no-untyped-def]
 
 def peer_named(st: dict, name: str) -> dict | None:
     return next((p for p in st["peers"] if p["name"] == name), None)
+
+
+def take_all(d, queue: str, n: int, backlog: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """The bookmarks of ``n`` messages a reading worker takes from ``queue`` and acks."""
+    got: list[int] = []
+    with zq.Worker(d.endpoint, queue, max_backlog=backlog) as w:
+        while len(got) < n:
+            msg = w.get(timeout=10)
+            assert msg is not None, f"stalled after {len(got)} of {n}"
+            got.append(msg.bookmark)
+            msg.ack()
+    return got
 
 
 def test_a_peer_that_asks_and_never_reads_is_refused_past_the_limit_and_served_once_it_reads(dispatcher):
@@ -123,14 +126,7 @@ def test_a_worker_that_stops_reading_is_cut_off_and_its_messages_go_to_one_that_
         st = stats(dispatcher)
         assert st["server"]["unread"]["paused_deliveries"] >= 1
         assert peer_named(st, "stuck") is None
-        got = []
-        with zq.Worker(dispatcher.endpoint, "jobs", max_backlog=8) as w:
-            while len(got) < len(sent):
-                msg = w.get(timeout=10)
-                assert msg is not None, f"stalled after {len(got)} of {len(sent)}"
-                got.append(msg.bookmark)
-                msg.ack()
-        assert sorted(got) == sorted(sent)
+        assert sorted(take_all(dispatcher, "jobs", len(sent), 8)) == sorted(sent)
     finally:
         sock.close(0)
 
@@ -245,23 +241,27 @@ def test_threads_sharing_one_client_each_get_their_range(dispatcher):
     assert len(got) == 16 and all(n > 4 << 20 for n in got)
 
 
+@pytest.mark.parametrize("key", ["max_unread", "max_unread_total"])
 @pytest.mark.parametrize(("value", "words"), [
-    ("'512KiB'", "server.max_unread must be 1MiB..64GiB"),
-    ("'65GiB'", "server.max_unread must be 1MiB..64GiB"),
-    ("'-1MiB'", "server.max_unread"),
-    ("64", "server.max_unread"),
-    ("'x' ", "server.max_unread"),
-    ("'" + "9" * 200 + "MiB'", "server.max_unread"),
+    ("'512KiB'", "must be 1MiB..64GiB"),
+    ("'65GiB'", "must be 1MiB..64GiB"),
+    ("'-1MiB'", ""),
+    ("64", ""),
+    ("true", ""),
+    ("'x' ", ""),
+    ("'" + "9" * 200 + "MiB'", ""),
 ])
-def test_a_bad_max_unread_is_refused_naming_the_key(tmp_path, value, words):
+def test_a_bad_unread_limit_is_refused_naming_the_key(tmp_path, key, value, words):
     from zq.core.errors import ConfigError
 
     path = tmp_path / "zq.toml"
-    path.write_text(f"[server]\nmax_unread = {value}\n")
-    with pytest.raises(ConfigError, match=words):
+    path.write_text(f"[server]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=f"server.{key}[: ].*{words}"):
         Config.load(path)
-    path.write_text("[server]\nmax_unread = '256MiB'\n")
-    assert Config.load(path).max_unread_bytes == 256 << 20
+    path.write_text(f"[server]\n{key} = '256MiB'\n")
+    loaded = Config.load(path)
+    assert getattr(loaded, f"{key}_bytes") == 256 << 20
+    assert (Config().max_unread_bytes, Config().max_unread_total_bytes) == (64 << 20, 1 << 30)
 
 
 def test_a_peer_that_reads_a_trickle_while_over_its_limit_is_cut_off(dispatcher):
@@ -273,48 +273,54 @@ def test_a_peer_that_reads_a_trickle_while_over_its_limit_is_cut_off(dispatcher)
         c.create_queue("drip", max_per_subscription_backlog=1000)
     sock = non_reader(dispatcher.endpoint, "trickle")
     try:
-        for sub in ("s1", "s2"):  # (each takes at most 1,000: together 1.8 MB, past the 1 MiB limit)
+        for sub in ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"):  # (1,000 each: 2.7 MB, past the 1 MiB limit)
             sock.send(wire.encode(wire.Subscribe(1, sub, "drip", 1000)))
             assert type(answer(sock)) is wire.Subscribed
         with zq.connect(dispatcher.inproc) as c:
-            sent = c.publish_many("drip", [b"d" * 900] * 4000)  # DELIVER frames of 256: ~230 KB each
-        wait_until(lambda: stats(dispatcher)["server"]["unread"]["paused_deliveries"] >= 1, timeout=20,
-                   what="deliveries to wait for the trickle reader")
+            sent = c.publish_many("drip", [b"d" * 300] * 8000)  # DELIVER frames of 256: ~80 KB each
+
+        turns = iter(range(1_000_000))
 
         def cut_off() -> bool:
-            if sock.poll(0):
-                sock.recv()  # one DELIVER frame (at most ~230 KB) a turn: under a quarter of the limit a window
+            if next(turns) % 2 == 0 and sock.poll(0):
+                sock.recv()  # one ~80 KB frame every 0.2 s: it reads all the time, under a quarter of the limit a window
             sock.send(wire.HEARTBEAT_FRAME)  # (it keeps talking: silence is not what cuts it off)
             return stats(dispatcher)["server"]["unread"]["cut_off_unread"] == 1
 
-        wait_until(cut_off, timeout=20, interval=0.8, what="the peer reading a trickle to be cut off")
-        assert peer_named(stats(dispatcher), "trickle") is None
-        got = []
-        with zq.Worker(dispatcher.endpoint, "drip", max_backlog=500) as w:  # its messages go on
-            while len(got) < len(sent):
-                msg = w.get(timeout=10)
-                assert msg is not None, f"stalled after {len(got)} of {len(sent)}"
-                got.append(msg.bookmark)
-                msg.ack()
-        assert sorted(got) == sorted(sent)
+        wait_until(cut_off, timeout=20, interval=0.1, what="the peer reading a trickle to be cut off")
+        unread = stats(dispatcher)["server"]["unread"]
+        assert unread["paused_deliveries"] >= 1 and peer_named(stats(dispatcher), "trickle") is None
+        assert sorted(take_all(dispatcher, "drip", len(sent), 500)) == sorted(sent)  # its messages go on
     finally:
         sock.close(0)
 
 
-def test_a_settle_that_would_echo_its_bookmarks_is_refused_while_its_peer_is_over_its_limit(dispatcher):
+def test_a_settle_that_would_echo_its_bookmarks_is_refused_while_its_peer_is_over_its_limit(tmp_path):
     """A settle's answer lists its bookmarks (a REPLY with ``req``, or a REFUSED per
-    reason): ACKs of 65,536 made-up bookmarks each drew a 590 KB answer, never held back."""
+    reason): ACKs of 65,536 made-up bookmarks each drew a 590 KB answer, never held back.
+    (A dead-peer window of 20 s here: the peer must not be cut off while it is tried.)"""
+    config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], max_unread_bytes=LIMIT,
+                    heartbeat_ms=1000, heartbeat_liveness=20)
+    dispatcher = zq.Dispatcher(config).start()
+    try:
+        settle_echo_refused(dispatcher)
+    finally:
+        dispatcher.stop()
+
+
+def settle_echo_refused(dispatcher) -> None:  # type: ignore[no-untyped-def]
     with zq.connect(dispatcher.inproc) as c:
-        c.publish_many("big", [BODY] * 16)
+        c.publish_many("small", [b"s" * 4096] * 16)  # PEEK answers of ~64 KiB: its libzmq takes in two at most
     sock = non_reader(dispatcher.endpoint, "echo")
     try:
-        ask_ranges(sock, 1, 4)
-        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 0 and
-                   (peer_named(stats(dispatcher), "echo") or {}).get("sent_bytes", 0) > LIMIT, timeout=20,
-                   what="the first answers to be sent")
-        sock.send(wire.encode(wire.Peek(90, "big", 16)))  # refused: it is over its limit now
-        wait_until(lambda: stats(dispatcher)["server"]["unread"]["refused_unread"] >= 1, timeout=20,
-                   what="a request refused for the bytes unread")
+        asked = iter(range(1, 10_000))
+        refused = stats(dispatcher)["server"]["unread"]["refused_unread"]
+
+        def over_its_limit() -> bool:
+            sock.send(wire.encode(wire.Peek(next(asked), "small", 16)))
+            return stats(dispatcher)["server"]["unread"]["refused_unread"] > refused
+
+        wait_until(over_its_limit, timeout=20, interval=0.05, what="a PEEK refused for the bytes unread")
         before = peer_named(stats(dispatcher), "echo")["sent_bytes"]
         refused = stats(dispatcher)["server"]["unread"]["refused_unread"]
         bookmarks = list(range(1, 65_537))

@@ -16,7 +16,9 @@ import zq
 from zq import wire
 from zq.server.config import Config
 
-from .support import raw_session, wait_until
+from zq.server.outflow import peer_address
+
+from .support import answer, raw_session, wait_until
 
 PEER_LIMIT = 8 << 20  # server.max_unread
 BUDGET = 16 << 20  # server.max_unread_total, in the squeezed runs
@@ -126,41 +128,6 @@ def test_many_peers_that_never_read_are_held_to_the_total(tmp_path, budget):
         d.stop()
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("'512KiB'", "server.max_unread_total must be 1MiB..64GiB"),
-    ("'65GiB'", "server.max_unread_total must be 1MiB..64GiB"),
-    ("'-1MiB'", "server.max_unread_total"),
-    ("1024", "server.max_unread_total"),
-    ("true", "server.max_unread_total"),
-    ("'" + "9" * 200 + "MiB'", "server.max_unread_total"),
-])
-def test_a_bad_max_unread_total_is_refused_naming_the_key(tmp_path, value, words):
-    from zq.core.errors import ConfigError
-
-    path = tmp_path / "zq.toml"
-    path.write_text(f"[server]\nmax_unread_total = {value}\n")
-    with pytest.raises(ConfigError, match=words):
-        Config.load(path)
-    path.write_text("[server]\nmax_unread_total = '4GiB'\n")
-    assert Config.load(path).max_unread_total_bytes == 4 << 30
-    assert Config().max_unread_total_bytes == 1 << 30
-
-
-def disconnected(sock: zmq.Socket):  # type: ignore[no-untyped-def]
-    """A predicate: has the dispatcher's side closed ``sock``'s connection?"""
-    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-
-    def check() -> bool:
-        from zmq.utils.monitor import recv_monitor_message
-
-        while monitor.poll(0):
-            if recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
-                return True
-        return False
-
-    return check
-
-
 def test_ended_sessions_forgotten_past_the_cap_have_their_connections_shut(tmp_path):
     """An ended session whose connection still held bytes was forgotten, past
     ``server.max_connections`` of them, with its connection left open: its bytes were
@@ -173,18 +140,25 @@ def test_ended_sessions_forgotten_past_the_cap_have_their_connections_shut(tmp_p
     try:
         with zq.connect(d.inproc) as c:
             c.publish_many("big", [BODY] * 16)
-        checks = []
+        connections = []  # (descriptor, address) of each session's connection, on the dispatcher's side
         for i in range(4):
             sock = non_reader(d.endpoint, f"cycle-{i}")
             socks.append(sock)
-            checks.append(disconnected(sock))
             sock.send(wire.encode(wire.Peek(1, "big", 16)))
+            wait_until(lambda i=i: (sent_to(stats(d), f"cycle-{i}").get(f"cycle-{i}") or 0) > 100 << 10, timeout=20,
+                       what=f"cycle-{i}'s answer")
+            with d.server.lock:
+                peer = next(p for p in d.server.peers.values() if p.name == f"cycle-{i}")
+                connections.append((peer.fd, peer.address))
             sock.send(wire.encode(wire.Bye()))
             wait_until(lambda i=i: not sent_to(stats(d), f"cycle-{i}"), timeout=20, what=f"cycle-{i}'s BYE")
         assert stats(d)["server"]["unread"]["shut_leftovers"] >= 2
-        wait_until(checks[0], timeout=10, what="the first forgotten session's connection to be shut")
-        wait_until(checks[1], timeout=10, what="the second forgotten session's connection to be shut")
-        assert not checks[3](), "the newest ended session's connection was shut too"
+        for fd, address in connections[:2]:  # the two forgotten: closed on the dispatcher's side
+            assert fd >= 0
+            wait_until(lambda fd=fd, address=address: peer_address(fd) != address, timeout=20,
+                       what="a forgotten session's connection to be closed")
+        fd, address = connections[3]
+        assert peer_address(fd) == address, "the newest ended session's connection was shut too"
     finally:
         for sock in socks:
             sock.close(0)
@@ -193,7 +167,9 @@ def test_ended_sessions_forgotten_past_the_cap_have_their_connections_shut(tmp_p
 
 def test_a_connection_with_no_session_is_answered_a_bounded_number_of_times_then_shut(tmp_path):
     """Every frame from a connection that never said HELLO got an ERROR, counted nowhere:
-    300 such connections that never read held 647 MiB in the dispatcher's socket buffers."""
+    300 such connections that never read held 647 MiB in the dispatcher's socket buffers.
+    (Whether the peer sees its connection end depends on its reading: the dispatcher's
+    side is what is checked, the connection libzmq held for it closed.)"""
     from zq.server.loop import STRANGER_ANSWERS_MAX
 
     config = Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], heartbeat_ms=1000, heartbeat_liveness=20)
@@ -202,15 +178,19 @@ def test_a_connection_with_no_session_is_answered_a_bounded_number_of_times_then
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 1)
     sock.setsockopt(zmq.RCVBUF, 4096)
-    check = disconnected(sock)
     sock.connect(d.endpoint)
     try:
         for req in range(3 * STRANGER_ANSWERS_MAX):  # no HELLO: each is answered `no-session`, or not at all
             sock.send(wire.encode(wire.Peek(req + 1, "q", 16)))
-        wait_until(check, timeout=20, what="the connection with no session to be shut")
-        unread = stats(d)["server"]["unread"]
-        assert unread["strangers_silenced"] == 1, unread
-        # A client that reconnects is served as ever: its first frame is a HELLO.
+        wait_until(lambda: stats(d)["server"]["unread"]["strangers_silenced"] == 1, timeout=20,
+                   what="the connection with no session to stop being answered")
+        assert d.server is not None
+        with d.server.lock:
+            [(answers, fd, address)] = d.server.strangers.values()
+        assert answers > STRANGER_ANSWERS_MAX and fd >= 0 and address is not None
+        wait_until(lambda: peer_address(fd) != address, timeout=20,
+                   what="the dispatcher's side of that connection to be closed")
+        # A client that connects now is served as ever: its first frame is a HELLO.
         with zq.connect(d.endpoint) as c:
             assert c.stats()["server"]["unread"]["strangers_silenced"] == 1
     finally:
@@ -230,11 +210,10 @@ def test_a_client_without_a_session_says_hello_again_at_its_first_refusal(tmp_pa
             for req in range(3):
                 sock.send(wire.encode(wire.Peek(req + 1, "q", 1)))
             for _ in range(3):
-                assert sock.poll(10_000)
-                err = wire.server_decoder.decode(sock.recv())
+                err = answer(sock)
                 assert type(err) is wire.Error and err.code == wire.NO_SESSION
             sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "again")))
-            assert sock.poll(10_000) and type(wire.server_decoder.decode(sock.recv())) is wire.Welcome
+            assert type(answer(sock)) is wire.Welcome
         finally:
             sock.close(0)
     finally:
