@@ -218,3 +218,32 @@ def test_a_client_without_a_session_says_hello_again_at_its_first_refusal(tmp_pa
             sock.close(0)
     finally:
         d.stop()
+
+
+def test_a_peek_in_the_iteration_of_a_publish_lists_only_what_is_committed(tmp_path):
+    """A PEEK handled in the same loop iteration as the publish of a message it would list
+    failed with ``JournalError('message N is not in the journal')`` (the engine knows the
+    message before its commit; a helper's bystander hit it under load). Two frames are
+    handled here without a commit between them, as one iteration does."""
+    import time
+
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"])).start()
+    try:
+        with zq.connect(d.inproc) as c:
+            c.publish_many("q", [b"committed"])
+        server = d.server
+        assert server is not None
+        peer_id = b"\x01peek-race"
+        with server.lock:
+            now = int(time.time() * 1000)
+            server.receive(peer_id, wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "racer")), now)
+            server.receive(peer_id, wire.encode(wire.Publish(1, "q", [(b"staged", {}, None)])), now)
+            server.receive(peer_id, wire.encode(wire.Peek(2, "q", 10)), now)
+            answers = [wire.server_decoder.decode(frame) for pid, frame, _ in server.held if pid == peer_id]
+            server.peers.pop(peer_id, None)  # (no connection behind it: nothing is sent)
+            server.held = [h for h in server.held if h[0] != peer_id]
+        peek = next(a for a in answers if getattr(a, "req", 0) == 2)
+        assert type(peek) is wire.Reply, peek
+        assert [m["payload"] for m in peek.data] == [b"committed"]
+    finally:
+        d.stop()

@@ -341,7 +341,10 @@ class Commands:
         """Up to ``limit`` waiting messages, and about ``PEEK_BYTES_MAX`` of them at most:
         10,000 messages with 4 KiB headers made a 50 MB answer that held the loop 220 ms."""
         limit = max(0, min(cmd.limit, 10_000))
-        items = self.engine.peek(cmd.queue, limit, cmd.filter)
+        # Only what is committed: a message published earlier in this loop iteration is known
+        # to the engine but not yet in the journal (its PEEK failed with a JournalError).
+        committed = self.journal.high
+        items = [item for item in self.engine.peek(cmd.queue, limit, cmd.filter) if item[0] < committed]
         q = self.engine.queues[cmd.queue]
         header = q.settings.group_header
         out: list[dict] = []
