@@ -598,13 +598,15 @@ class Server(Commands, Stats):
     def take(self, peer_id: bytes, body: bytes, user: str | None, fd: int, now: int) -> None:
         """Handle one frame read from the socket; learn its peer's connection if new
         (before the frame, so that its request is measured; after a HELLO, its session's)."""
-        if fd != -1:
-            peer = self.peers.get(peer_id)
-            if peer is not None and peer.fd == -1:
-                self.outflow.attach(peer, fd)
+        self.learn_connection(peer_id, fd)
         self.taking_fd = fd
         self.receive(peer_id, body, now, user)
         self.taking_fd = -1
+        self.learn_connection(peer_id, fd)
+
+    def learn_connection(self, peer_id: bytes, fd: int) -> None:
+        """Attach the connection ``fd`` (``ZMQ_SRCFD``) to ``peer_id``'s session, if it has
+        one whose connection is not known yet (zq.server.outflow)."""
         if fd != -1:
             peer = self.peers.get(peer_id)
             if peer is not None and peer.fd == -1:
