@@ -1,10 +1,15 @@
-"""The parts a ``Queue`` is made of (zq.core.queue), each on its own: ``LeaseClock``
-(when each lease runs out), ``DelayTimer`` (messages that may not go before a time),
-``CauseLedger`` (why deliveries ended unfinished, by cause)."""
+"""The parts a ``Queue`` is made of, each on its own: ``LeaseClock`` (when each lease
+runs out), ``DelayTimer`` (messages that may not go before a time), ``CauseLedger`` (why
+deliveries ended unfinished, by cause), the set-aside list (``zq.core.aside``), who gets
+the next message (``zq.core.choosing``), what runs out with time (``zq.core.expiry``),
+browsing (``zq.core.browse``) and the views of where messages wait
+(``zq.core.inventory``)."""
 
 from __future__ import annotations
 
-from zq.core import QueueSettings
+from array import array
+
+from zq.core import QueueSettings, browse, choosing, expiry, inventory, limits
 from zq.core.queue import DelayTimer, Lease, LeaseClock, Queue, Subscription
 
 HOLDER = Subscription("s", Queue(QueueSettings(name="q")), "c", 1)
@@ -124,3 +129,123 @@ def test_the_ledger_counts_each_cause_and_says_when_a_limit_is_reached():
     r = ledger.open[9]
     assert (r.cancelled, r.failed, r.lease_expired, r.consumer_gone, r.first_ms, r.last_ms, r.last_error,
             r.last_consumer) == (1, 2, 3, 4, 100, 200, "why", "who")
+
+
+# ---------------------------------------------------------------- the parts in modules
+# Each drives a real Queue through its own part: no engine, no journal, no clock.
+
+
+def queue(**settings) -> Queue:
+    return Queue(QueueSettings(name="q", lease_ms=1_000, **settings))
+
+
+def subscribe(q: Queue, name: str, backlog: int, match=None) -> Subscription:
+    sub = Subscription(name, q, name, backlog, match=match)
+    q.add_subscription(sub)
+    return sub
+
+
+def taken(sub: Subscription) -> list[int]:
+    return q_take(sub)[0]
+
+
+def q_take(sub: Subscription) -> tuple[list[int], list[int]]:
+    return sub.queue.take_outbox(sub)
+
+
+def test_a_message_nobody_matches_is_set_aside_and_goes_to_the_first_taker():
+    q = queue()
+    odd = subscribe(q, "odd", 10, match=lambda seq: seq % 2 == 1)
+    for seq in (1, 2, 3, 4):
+        q.enqueue(seq, 0)
+    q.dispatch(0)
+    assert taken(odd) == [1, 3]
+    assert q.aside.live() == [2, 4] and q.aside.oldest() == 2
+    assert inventory.waiting_set(q) == {2, 4}
+    even = subscribe(q, "even", 10, match=lambda seq: seq % 2 == 0)
+    q.dispatch(0)
+    assert taken(even) == [2, 4]
+    assert q.aside.live() == [] and q.aside.keys == array("Q")  # all gone: compacted away
+
+
+def test_a_set_aside_group_head_holds_its_group_until_it_is_taken_out():
+    q = queue()
+    picky = subscribe(q, "picky", 10, match=lambda seq: seq != 1)
+    gid = q.group_id("g")
+    for seq in (1, 2):
+        q.enqueue(seq, gid)
+    q.dispatch(0)
+    assert taken(picky) == [] and q.groups[gid].held == 1  # 2 waits behind its group's head
+    assert q.remove_available(1)  # an operator purge of the head
+    assert q.groups[gid].held == 0
+    q.dispatch(0)
+    assert taken(picky) == [2]
+
+
+def test_proportional_round_robin_and_fast_choose_as_their_names_say():
+    # proportional: a tie goes to the first found, then the largest unused share (b: 3/4 > a: 1/2)
+    for fairness, expected in (("proportional", ["a", "b", "b"]), ("round-robin", ["a", "b", "a"]),
+                               ("fast", ["a", "a", "b"])):
+        q = queue(fairness=fairness)
+        a, b = subscribe(q, "a", 2), subscribe(q, "b", 4)
+        got = []
+        for _ in range(3):
+            sub = choosing.choose(q, None)
+            sub.used += 1
+            got.append(sub.sub_id)
+        assert got == expected, fairness
+
+
+def test_the_holder_a_delivery_failed_with_is_passed_over_while_another_has_credit():
+    q = queue()
+    a, b = subscribe(q, "a", 10), subscribe(q, "b", 1)
+    assert choosing.choose_avoiding(q, None, "a") is b
+    b.used = 1
+    assert choosing.choose_avoiding(q, None, "a") is a  # nobody else: it goes back
+    assert choosing.choose_for(q, None, 5, avoid="a") is a and q.matches == 0  # no filters: none evaluated
+
+
+def test_old_messages_expire_at_the_fronts_at_once_and_in_groups_at_the_sweep():
+    q = queue(expiration_ms=10)
+    gid = q.group_id("g")
+    q.enqueue(1, 0)
+    q.enqueue(2, gid)
+    q.enqueue(3, gid)
+    subscribe(q, "s", 1)
+    q.dispatch(0)  # 1 goes; 2 and 3 wait (2 in the fifo, 3 parked behind nobody: the fifo)
+    q.group_sweep_due_ms = 100
+    expiry.expire_old(q, 2, now_ms=50)
+    assert [e[0] for e in q.expired_out] == [2]  # the fifo's front, at once
+    expiry.expire_old(q, 3, now_ms=100)
+    assert [e[0] for e in q.expired_out] == [2, 3]
+    assert q.group_sweep_due_ms == 100 + limits.EXPIRY_SWEEP_INTERVAL_MS
+
+
+def test_a_browser_walks_every_message_and_takes_none():
+    q = queue(browse_only=True)
+    sub = subscribe(q, "b", 2)
+    for seq in (1, 2, 3):
+        q.enqueue(seq, 0)
+    q.dispatch(0)
+    assert taken(sub) == [1, 2] and q.lease_of == {}
+    assert browse.settle(q, sub, 9) == "not-leased"
+    assert q.ack(sub, 1) is None and sub.used == 1  # credit back, message stays
+    q.dispatch(0)
+    assert taken(sub) == [3]
+    assert sorted(inventory.waiting_set(q)) == [1, 2, 3]
+
+
+def test_the_inventory_reads_every_place_in_order_and_the_recovery_point_counts_leases():
+    q = queue()
+    gid = q.group_id("g")
+    for seq, g in ((1, gid), (2, gid), (3, 0), (4, gid)):
+        q.enqueue(seq, g)
+    sub = subscribe(q, "s", 1)
+    q.dispatch(0)
+    assert taken(sub) == [1]  # 2 and 4 wait behind it, parked in their group
+    assert list(inventory.waiting(q)) == [2, 3, 4]
+    assert list(inventory.waiting_between(q, 1, 4, gid)) == [(2, gid)]
+    assert list(inventory.waiting_between(q, 0, 10, 0)) == [(3, 0)]
+    assert inventory.compute_recovery_point(q, 5) == 1  # leased 1 is still in the queue
+    assert inventory.oldest_waiting(q) == 2
+    assert inventory.group_summary(q)["in_flight"] == 1

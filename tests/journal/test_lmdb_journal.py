@@ -9,6 +9,7 @@ import time
 import pytest
 
 from zq.core import QueueSettings
+from zq.core import inventory
 from zq.core import records as R
 from zq.core.errors import JournalError
 from zq.journal.base import recover_engine
@@ -196,12 +197,12 @@ def test_a_writer_killed_with_sigkill_loses_nothing_it_reported_durable(tmp_path
     assert journal_acked >= acked, "an ack the writer reported durable is not in the journal"
     engine = recover_engine(j, [QueueSettings(name="jobs", max_per_subscription_backlog=64, lease_ms=10**9)])
     q = engine.queues["jobs"]
-    waiting = q.waiting_set()
+    waiting = inventory.waiting_set(q)
     assert not (waiting & journal_acked), "an acked message came back after the crash"
     missing = confirmed - journal_acked - waiting
     assert not missing, f"confirmed messages lost: {sorted(missing)[:10]}"
     # group order: within each group, waiting messages are in publish order
-    order = list(q.waiting())
+    order = list(inventory.waiting(q))
     assert order == sorted(order)
 
 

@@ -175,10 +175,13 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
 
         monkeypatch.setattr(Queue, "judge", judge)
     elif bug == "redelivery-back-to-the-stuck-holder":  # an expired or failed delivery: the usual choice
-        original_choose_for = Queue.choose_for
-        monkeypatch.setattr(Queue, "choose_avoiding", lambda self, grp, avoid: self.choose(grp))
-        monkeypatch.setattr(Queue, "choose_for", lambda self, grp, seq, avoid=None: original_choose_for(self, grp, seq))
-        monkeypatch.setattr(Queue, "someone_else_takes", lambda self, sub, seq: False)
+        from zq.core import choosing
+        from zq.core.aside import SetAside
+
+        original_choose_for = choosing.choose_for
+        monkeypatch.setattr(choosing, "choose_avoiding", lambda q, grp, avoid: choosing.choose(q, grp))
+        monkeypatch.setattr(choosing, "choose_for", lambda q, grp, seq, avoid=None: original_choose_for(q, grp, seq))
+        monkeypatch.setattr(SetAside, "someone_else_takes", lambda self, sub, seq: False)
     elif bug == "settles-visit-no-queue":  # acks and cancels change a queue the step then skips
         from zq.core.engine import Engine
 

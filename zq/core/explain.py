@@ -139,10 +139,8 @@ def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
         if seq in q.returned[:RETURNED_SCAN_MAX]:
             return "returned"
     key = q.ranks.get(seq, -1) if q.ordered else seq
-    if q.skipped and key not in q.skip_gone:
-        i = bisect_left(q.skipped, key)
-        if i < len(q.skipped) and q.skipped[i] == key:
-            return "set-aside"
+    if q.aside.index_of(key) >= 0:
+        return "set-aside"
     if group is not None:
         gid = q.gid_of.get(group)
         if gid is not None:

@@ -20,7 +20,7 @@ from mypy_extensions import trait
 
 import msgspec
 
-from zq.core import expr, limits
+from zq.core import expr, inventory, limits
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
 from zq.core.settings import QueueSettings, check_topic, covers_topic
@@ -117,7 +117,7 @@ class ManagementMixin:
                 if seq < cursor.end and (match is None or match(seq)):
                     out.append((seq, 0))
         read = 0
-        for seq, g in q.waiting_between(cursor.after, cursor.end, gid):
+        for seq, g in inventory.waiting_between(q, cursor.after, cursor.end, gid):
             if read >= limits.BULK_SLICE or len(out) >= take:
                 break
             read += 1

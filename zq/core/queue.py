@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A queue holds *sequence numbers*, never payloads (those live in the journal). A
-waiting message sits in exactly one of three ordered places:
+waiting message sits in exactly one of these ordered places:
 
 * ``fifo`` -- an ``array('Q')`` of sequence numbers in publish order with a parallel
   ``array('I')`` of interned group ids (0 = ungrouped), consumed from ``head``.
@@ -15,16 +15,11 @@ waiting message sits in exactly one of three ordered places:
   sequenced group with one in flight, an exclusive group whose owner is full), in
   order. A group that has pending messages and could go now has an entry in the
   ``ready`` heap keyed by its oldest pending sequence number.
-
-* ``skipped`` -- with content-filtered subscriptions: a sorted ``array('Q')`` of
-  messages set aside because every subscription with credit refused them by filter
-  (Qpid's "a cursor per subscription that skips non-matching entries"). Each
-  filtered subscription keeps a *cursor* into it: entries below the cursor were
-  already judged (refused or not eligible). ``skipped_gen`` moves when that judgment
-  may have gone stale (an entry inserted below the end, a group freed), which sends
-  every cursor back to the start. Entries taken out of the middle are marked in
-  ``skip_gone`` and compacted later. A set-aside group message *holds* its group
-  (``Group.held``): the group's later messages wait behind it, keeping group order.
+* the *set-aside* list -- with content-filtered subscriptions: messages every
+  subscription with credit refused by filter, waiting for one that takes them, each
+  filtered subscription with a cursor into the list (``zq.core.aside``). A set-aside
+  group message *holds* its group (``Group.held``): the group's later messages wait
+  behind it, keeping group order.
 
 Priority and sorted queues (``ordered``) use the same places keyed by *rank* instead
 of sequence number (``zq.core.ordering``: one int, ``(level << 64) | seq``): every
@@ -55,20 +50,27 @@ been delivered at least once, packed into one int in ``meta``.
 Expiration never stores a timestamp per message: sequence numbers grow with time,
 so the engine keeps a time index (ms -> first sequence number published at or after
 it) and a message is too old exactly when its sequence number is at or below the
-queue's *expired watermark*.
+queue's *expired watermark* (``zq.core.expiry``).
+
+The queue coordinates parts that each own one idea: ``LeaseClock``, ``DelayTimer`` and
+``CauseLedger`` (below), the set-aside list (``zq.core.aside``), who gets the next
+message (``zq.core.choosing``), what runs out with time (``zq.core.expiry``), browsing
+(``zq.core.browse``), and the read-only views of where messages wait
+(``zq.core.inventory``). Dispatch, the waiting places and the settles stay here: they
+are the hot path, and they share every structure above.
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections import deque
-from itertools import repeat
 from typing import TYPE_CHECKING
 
-from zq.core import limits
+from zq.core import browse, choosing, expiry, inventory, limits
 from zq.core import records as R
+from zq.core.aside import SetAside
 from zq.core.errors import LimitError
 from zq.core.expr import Unevaluable, compile_filter, compile_value
 from zq.core.fairshare import FairShare
@@ -84,13 +86,6 @@ _C_ONE = 1 << 16
 _G_SHIFT = 32
 _COMPACT_MIN = 4096  # compact the fifo array once this many consumed slots lead it
 _NONE = 1 << 64  # "no candidate here": above every rank
-
-
-def heap_in_order(heap: list[int]) -> Iterator[int]:
-    """A heap's items in order, lazily: a peek at the first few of a deep heap is cheap."""
-    heap = list(heap)
-    while heap:
-        yield heapq.heappop(heap)
 
 
 class Subscription:
@@ -432,11 +427,7 @@ class Queue:
         # step): ten thousand filtered subscriptions once held the loop for seconds per publish.
         self.matches = 0
         self.out_of_budget = False  # the last dispatch stopped at its budget: the next step goes on
-        self.skipped: array[int] | list[int] = self.new_skipped()
-        self.skipped_gid = array("I")
-        self.skip_gone: set[int] = set()  # ranks taken out of ``skipped`` (lazily compacted)
-        self.skipped_gen = 0
-        self.skip_high = self.key_floor  # the highest cursor handed out (ranks of ordered queues are negative)
+        self.aside = SetAside(self)  # messages no subscription with credit would take (filters)
         self.rr_next = 0
         self.depth = 0  # available messages
         self.expired_watermark = -1  # seq <= this is older than expiration_ms
@@ -607,9 +598,6 @@ class Queue:
         if self.heap_oldest is not None and seq < self.heap_oldest:
             self.heap_oldest = seq
 
-    def new_skipped(self) -> array[int] | list[int]:
-        return [] if self.ordered else array("Q")  # ranks may be negative or wide
-
     def key_of(self, seq: int) -> int:
         """The rank of a message outside the heap (its sequence number in a FIFO queue)."""
         return self.ranks[seq] if self.ordered else seq
@@ -631,7 +619,7 @@ class Queue:
         if not self.subs or self.depth == 0:
             return 0
         if self.browse:
-            self.dispatch_browse(budget)
+            browse.dispatch(self, budget)
             return self.matches
         fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
         returned, ready, removed = self.returned, self.ready, self.removed
@@ -639,19 +627,19 @@ class Queue:
         filtered = self.filtered
         ordered = self.ordered
         offered = self.key_floor  # every live set-aside message ranked below this was offered
+        aside = self.aside
         n = len(fifo)
         while True:
             # The first candidate of the three places, by rank (_NONE stands for "none").
             f = fifo[self.head] if self.head < n else _NONE
             r = returned[0] if returned else _NONE
             g = ready[0][0] if ready else _NONE
-            if self.skipped:
+            if aside.keys:
                 # Set-aside messages older than the next candidate go first, to whoever matches.
                 limit = min(f, r, g)
                 if limit > offered:
-                    i = bisect_left(self.skipped, offered)
-                    if i < len(self.skipped) and self.skipped[i] < limit:
-                        self.dispatch_skipped(limit, now_ms, budget)
+                    if aside.has_before(offered, limit):
+                        aside.offer(limit, now_ms, budget)
                         if self.depth == 0:
                             break
                         if self.matches >= budget:  # (not every set-aside one was offered to everyone)
@@ -693,11 +681,11 @@ class Queue:
                 if filtered and self.matches >= budget:
                     self.stop_for_budget()
                     break
-                sub = self.choose_for(grp, seq) if filtered else self.choose(grp)
+                sub = choosing.choose_for(self, grp, seq) if filtered else choosing.choose(self, grp)
                 if sub is None:
-                    if filtered and self.any_credit():
+                    if filtered and choosing.any_credit(self):
                         self.head += 1
-                        offered = self.set_aside(seq, seq, gid, judged=offered >= seq)
+                        offered = self.aside.add(seq, seq, gid, judged=offered >= seq)
                         continue
                     break
                 self.head += 1
@@ -719,10 +707,10 @@ class Queue:
                         break
                     avoid = self.last_holder.get(seq) if self.last_holder else None
                     if filtered:
-                        sub = self.choose_for(None, seq, avoid)
+                        sub = choosing.choose_for(self, None, seq, avoid)
                     else:
-                        sub = self.choose(None) if avoid is None else self.choose_avoiding(None, avoid)
-                    if sub is None and not (filtered and self.any_credit()):
+                        sub = choosing.choose(self, None) if avoid is None else choosing.choose_avoiding(self, None, avoid)
+                    if sub is None and not (filtered and choosing.any_credit(self)):
                         break
                 heapq.heappop(returned)
                 if seq == self.heap_oldest:
@@ -737,7 +725,7 @@ class Queue:
                 if ordered:
                     self.ranks[seq] = r
                 if sub is None:
-                    offered = self.set_aside(r, seq, 0, judged=offered >= r)
+                    offered = self.aside.add(r, seq, 0, judged=offered >= r)
                     continue
                 grp = None
             elif g != _NONE:
@@ -774,15 +762,15 @@ class Queue:
                     break
                 avoid = self.last_holder.get(seq) if self.last_holder else None
                 if filtered:
-                    sub = self.choose_for(grp, seq, avoid)
+                    sub = choosing.choose_for(self, grp, seq, avoid)
                 else:
-                    sub = self.choose(grp) if avoid is None else self.choose_avoiding(grp, avoid)
+                    sub = choosing.choose(self, grp) if avoid is None else choosing.choose_avoiding(self, grp, avoid)
                 if sub is None:
-                    if filtered and self.any_credit():
+                    if filtered and choosing.any_credit(self):
                         heapq.heappop(ready)
                         grp.phead += 1
                         self.after_group_pop(grp)
-                        offered = self.set_aside(key, seq, gid, judged=offered >= key)
+                        offered = self.aside.add(key, seq, gid, judged=offered >= key)
                         continue
                     break
                 heapq.heappop(ready)
@@ -838,110 +826,6 @@ class Queue:
             del grp.pending[: grp.phead]
             grp.phead = 0
 
-    def choose(self, grp: Group | None) -> Subscription | None:
-        """Pick the subscription for the next message by the queue's fairness."""
-        if grp is not None and self.owned and grp.owner is not None:
-            return grp.owner  # group_can_go() checked its credit
-        subs = self.subs
-        if self.fairness == "proportional":
-            best = None
-            best_free = 0.0
-            for s in subs:
-                free = s.backlog - s.used
-                if free > 0:
-                    frac = free / s.backlog
-                    if frac > best_free:
-                        best, best_free = s, frac
-            return best
-        if self.fairness == "fast":
-            for s in subs:
-                if s.used < s.backlog:
-                    return s
-            return None
-        count = len(subs)
-        start = self.rr_next % count if count else 0
-        for i in range(count):
-            s = subs[(start + i) % count]
-            if s.used < s.backlog:
-                self.rr_next = (start + i + 1) % count
-                return s
-        return None
-
-    def choose_avoiding(self, grp: Group | None, avoid: str) -> Subscription | None:
-        """``choose``, passing over consumer ``avoid`` (whose delivery of the message
-        expired or failed) while anyone else has credit: only then does it go back to them."""
-        if grp is not None and self.owned and grp.owner is not None:
-            return grp.owner
-        subs = self.subs
-        count = len(subs)
-        rr = self.fairness == "round-robin"
-        proportional = self.fairness == "proportional"
-        start = self.rr_next % count if count and rr else 0
-        best = None
-        best_free = 0.0
-        for i in range(count):
-            s = subs[(start + i) % count]
-            free = s.backlog - s.used
-            if free <= 0 or s.consumer == avoid:
-                continue
-            if not proportional:
-                if rr:
-                    self.rr_next = (start + i + 1) % count
-                return s
-            frac = free / s.backlog
-            if frac > best_free:
-                best, best_free = s, frac
-        return best if best is not None else self.choose(grp)
-
-    def dispatch_browse(self, budget: int) -> None:
-        """browse_only: each subscription walks the messages in order from its own cursor;
-        nothing is leased and nothing leaves. Credit bounds what is in flight to it."""
-        if len(self.removed) > 1024 and len(self.removed) * 2 > len(self.fifo) - self.head:
-            self.compact_removed()
-        fifo, removed = self.fifo, self.removed
-        for sub in self.subs:
-            if sub.used >= sub.backlog:
-                continue
-            i = bisect_left(fifo, max(sub.browse_cursor, 0), lo=self.head)
-            n = len(fifo)
-            while i < n and sub.used < sub.backlog:
-                seq = fifo[i]
-                if sub.match is not None:
-                    if self.matches >= budget:
-                        self.stop_for_budget()
-                        return
-                    self.matches += 1
-                i += 1
-                sub.browse_cursor = seq + 1
-                if seq in removed or (sub.match is not None and not sub.match(seq)):
-                    continue
-                sub.out_seqs.append(seq)
-                sub.out_deliveries.append(1)
-                sub.browse_out.add(seq)
-                sub.used += 1
-                self.delivered += 1
-
-    def compact_removed(self) -> None:
-        """Take removed messages (LVQ replacements, purges) out of the fifo's middle: in a
-        browse queue nothing else ever moves them to the front."""
-        live = array("Q")
-        removed = self.removed
-        for seq in self.fifo[self.head:]:
-            if seq in removed:
-                self.drop_removed(seq, 0)
-            else:
-                live.append(seq)
-        self.fifo, self.head = live, 0
-
-    def browse_settle(self, sub: Subscription, seq: int) -> str | None:
-        """A browser settles a message: only its credit comes back."""
-        if seq not in sub.browse_out:
-            return "not-leased"
-        sub.browse_out.discard(seq)
-        sub.used -= 1
-        self.dirty = True
-        return None
-
     def barrier_gate(self, candidate: int) -> bool | None:
         """Before dispatching ``candidate``: False to go on, True to stop (the oldest
         barrier is next and earlier messages are still out), None after releasing it.
@@ -971,39 +855,6 @@ class Queue:
         self.expired_out.append((b, R.REASON_BARRIER, 0, None))
         return None
 
-    def choose_for(self, grp: Group | None, seq: int, avoid: str | None = None) -> Subscription | None:
-        """``choose`` among the subscriptions whose filter matches ``seq`` (consumer
-        ``avoid`` last: see ``choose_avoiding``)."""
-        if grp is not None and self.owned and grp.owner is not None:
-            owner = grp.owner
-            if owner.match is None:
-                return owner
-            self.matches += 1
-            if owner.match(seq):
-                return owner
-            if grp.inflight:
-                return None
-            self.disown(grp)  # its owner refuses the group's next message and holds none
-        subs = self.subs
-        order = [s for s in subs if s.used < s.backlog]
-        if len(order) > 1:
-            if self.fairness == "proportional":
-                order.sort(key=lambda s: (s.used - s.backlog) / s.backlog)
-            elif self.fairness == "round-robin":
-                count = len(subs)
-                start = self.rr_next % count
-                order = [subs[(start + i) % count] for i in range(count) if subs[(start + i) % count].used < subs[(start + i) % count].backlog]
-        if avoid is not None:
-            order = [s for s in order if s.consumer != avoid] + [s for s in order if s.consumer == avoid]
-        for s in order:
-            if s.match is not None:
-                self.matches += 1
-            if s.match is None or s.match(seq):
-                if self.fairness == "round-robin":
-                    self.rr_next = (subs.index(s) + 1) % len(subs)
-                return s
-        return None
-
     def disown(self, grp: Group) -> None:
         """A group leaves its holder: an exclusive one whose filter refuses the group's
         next message, a sequenced one that holds none of it any more."""
@@ -1012,140 +863,6 @@ class Queue:
         owner.owned_groups.discard(grp.gid)
         owner.waiting_groups.discard(grp.gid)
         grp.owner = None
-
-    def any_credit(self) -> bool:
-        return any(s.used < s.backlog for s in self.subs)
-
-    def set_aside(self, key: int, seq: int, gid: int, judged: bool = False) -> int:
-        """Nobody with credit matches ``seq`` (of rank ``key``): keep it waiting in ``skipped``.
-
-        With ``judged`` (every set-aside message ranked below it was just offered), the
-        cursors of subscriptions with credit move past it: they refused it already.
-        Returns the new "offered" bound for ``dispatch``.
-        """
-        skipped = self.skipped
-        if key in self.skip_gone:  # its old, taken entry is still there: drop it first
-            i = bisect_left(skipped, key)
-            assert skipped[i] == key
-            del skipped[i]
-            del self.skipped_gid[i]
-            self.skip_gone.discard(key)
-        if key < self.skip_high:  # some cursor is already past it
-            if judged:  # every subscription with credit just refused it: only those without rewind
-                for sub in self.subs:
-                    if sub.used >= sub.backlog and sub.skip_cursor > key:
-                        sub.skip_cursor = key
-            else:
-                self.skipped_gen += 1  # they never judged it: every cursor starts over
-        if skipped and key < skipped[-1]:
-            i = bisect_left(skipped, key)
-            skipped.insert(i, key)
-            self.skipped_gid.insert(i, gid)
-        else:
-            skipped.append(key)
-            self.skipped_gid.append(gid)
-        if gid:
-            self.groups[gid].held = seq
-        if not judged:
-            return self.key_floor
-        gen = self.skipped_gen
-        for sub in self.subs:
-            if sub.used < sub.backlog and sub.skip_gen == gen and sub.skip_cursor <= key:
-                sub.skip_cursor = key + 1
-        if key + 1 > self.skip_high:
-            self.skip_high = key + 1
-        return key + 1
-
-    def dispatch_skipped(self, limit: int, now_ms: int, budget: int) -> None:
-        """Offer set-aside messages ranked before ``limit`` to subscriptions with credit
-        (until ``budget`` filter evaluations: a subscription's cursor keeps its place)."""
-        skipped, gids, gone = self.skipped, self.skipped_gid, self.skip_gone
-        removed, groups = self.removed, self.groups
-        for sub in self.subs:
-            if sub.used >= sub.backlog:
-                continue
-            if sub.skip_gen != self.skipped_gen:
-                sub.skip_gen = self.skipped_gen
-                sub.skip_cursor = self.key_floor
-            i = bisect_left(skipped, sub.skip_cursor)
-            n = len(skipped)
-            while i < n and sub.used < sub.backlog:
-                key = skipped[i]
-                if key >= limit or self.matches >= budget:
-                    break
-                i += 1
-                if key in gone:
-                    continue
-                seq = key & SEQ_MASK
-                if removed and seq in removed:
-                    gone.add(key)
-                    self.drop_removed(seq, gids[i - 1])
-                    continue
-                gid = gids[i - 1]
-                grp = groups[gid] if gid else None
-                if grp is not None:
-                    owner = grp.owner
-                    if self.owned and owner is not None and owner is not sub:
-                        if grp.inflight or owner.match is None:
-                            continue
-                        self.matches += 1
-                        if owner.match(seq):
-                            continue
-                        self.disown(grp)
-                    if not self.owned and grp.inflight:
-                        continue
-                if sub.match is not None:
-                    self.matches += 1
-                    if not sub.match(seq):
-                        continue
-                if self.last_holder and self.last_holder.get(seq) == sub.consumer and self.someone_else_takes(sub, seq):
-                    i -= 1  # (its cursor stays here: the other one takes it in this pass)
-                    break
-                gone.add(key)
-                if grp is not None:
-                    grp.held = 0
-                self.lease(sub, seq, grp, now_ms)
-                if grp is not None and grp.has_pending():
-                    self.group_became_pending(grp)
-            sub.skip_cursor = skipped[i] if i < n else (skipped[-1] + 1 if n else self.key_floor)
-            if sub.skip_cursor > self.skip_high:
-                self.skip_high = sub.skip_cursor
-            if self.matches >= budget:
-                break  # (the subscriptions after it keep their cursors for the next step)
-        self.compact_skipped()
-
-    def someone_else_takes(self, sub: Subscription, seq: int) -> bool:
-        """Another consumer than ``sub``'s has credit and a filter that takes ``seq``."""
-        for s in self.subs:
-            if s.consumer != sub.consumer and s.used < s.backlog:
-                if s.match is None:
-                    return True
-                self.matches += 1
-                if s.match(seq):
-                    return True
-        return False
-
-    def compact_skipped(self) -> None:
-        gone = self.skip_gone
-        if not gone:
-            return
-        if len(gone) == len(self.skipped):
-            self.skipped = self.new_skipped()
-            self.skipped_gid = array("I")
-            gone.clear()
-            return
-        if len(gone) > 64 and len(gone) * 2 > len(self.skipped):
-            keep = [i for i, s in enumerate(self.skipped) if s not in gone]
-            skipped = self.new_skipped()
-            skipped.extend(self.skipped[i] for i in keep)
-            self.skipped = skipped
-            self.skipped_gid = array("I", (self.skipped_gid[i] for i in keep))
-            gone.clear()
-
-    def live_skipped(self) -> list[int]:
-        """Ranks of the set-aside messages still waiting, in order."""
-        gone = self.skip_gone
-        return [s for s in self.skipped if s not in gone]
 
     def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
         lease = sub.current
@@ -1238,7 +955,7 @@ class Queue:
         """overflow = "ring": drop the oldest available messages until under the limits."""
         while self.over_limit() and self.depth:
             self.drop_removed_front()
-            seq = self.oldest_waiting()
+            seq = inventory.oldest_waiting(self)
             if seq is None or not self.remove_available(seq):
                 return
             self.dropped += 1
@@ -1301,7 +1018,7 @@ class Queue:
         if grp.inflight == 0 and self.held_while_busy and grp.owner is not None:
             self.disown(grp)  # holds none of it now: the group's next message may go to anyone
         if grp.held:
-            self.skipped_gen += 1  # its set-aside head may be eligible now
+            self.aside.gen += 1  # its set-aside head may be eligible now
         elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
             self.push_ready(grp)
 
@@ -1353,7 +1070,7 @@ class Queue:
     def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
         """Returns None when acknowledged, else the reason it was refused."""
         if self.browse:
-            return self.browse_settle(sub, seq)
+            return browse.settle(self, sub, seq)
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             if lease is None and self.settings.allow_ack_unleased and self.remove_available(seq):
@@ -1475,7 +1192,7 @@ class Queue:
         schedule, or after ``delay_ms`` when the cancel names one (0: at once). With
         ``error`` the delivery *failed*: counted as such, and kept as the last error."""
         if self.browse:
-            return self.browse_settle(sub, seq)
+            return browse.settle(self, sub, seq)
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"
@@ -1509,7 +1226,7 @@ class Queue:
 
     def expire_request(self, sub: Subscription, seq: int) -> str | None:
         if self.browse:
-            return self.browse_settle(sub, seq)  # browsers do not remove messages
+            return browse.settle(self, sub, seq)  # browsers do not remove messages
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"
@@ -1670,7 +1387,7 @@ class Queue:
         grp = self.groups[gid]
         if grp.held and grp.held > seq:
             held, grp.held = grp.held, 0
-            self.skip_gone.add(self.key_of(held))
+            self.aside.gone.add(self.key_of(held))
             insort(grp.pending, held, lo=grp.phead)
             if grp.pending[grp.phead] == held:
                 self.group_became_pending(grp)
@@ -1726,22 +1443,8 @@ class Queue:
         if not known_waiting and not self.is_waiting(seq):
             return False
         key = self.ranks.get(seq) if self.ordered else seq
-        if self.skipped and key is not None and key not in self.skip_gone:
-            i = bisect_left(self.skipped, key)
-            if i < len(self.skipped) and self.skipped[i] == key:
-                # Set aside: take it out now, so a group it holds is free at once.
-                gid = self.skipped_gid[i]
-                self.skip_gone.add(key)
-                self.depth -= 1
-                self.finish(seq, gid)
-                grp = self.groups.get(gid) if gid else None
-                if grp is not None and grp.held == seq:
-                    grp.held = 0
-                    self.skipped_gen += 1
-                    if grp.has_pending():
-                        self.group_became_pending(grp)
-                self.dirty = True
-                return True
+        if key is not None and self.aside.take_out(seq, key):
+            return True
         self.removed.add(seq)
         if gid and gid in self.groups:
             self.groups[gid].count -= 1
@@ -1767,10 +1470,8 @@ class Queue:
             return True
         if seq in self.returned:
             return True
-        if self.skipped and seq not in self.skip_gone:
-            i = bisect_left(self.skipped, seq)
-            if i < len(self.skipped) and self.skipped[i] == seq:
-                return True
+        if self.aside.index_of(seq) >= 0:
+            return True
         return any(seq in g.pending[g.phead:] for g in self.groups.values() if g.has_pending())
 
     def drop_removed(self, seq: int, gid: int) -> None:
@@ -1920,124 +1621,10 @@ class Queue:
         clock = self.lease_clock
         lease = clock.pop_due(now_ms)
         while lease is not None:
-            self.expire_lease(lease, now_ms)
+            expiry.expire_lease(self, lease, now_ms)
             lease = clock.pop_due(now_ms)
         if watermark >= 0 and self.depth:
-            self.expire_old_waiting(watermark, now_ms)
-
-    def expire_lease(self, lease: Lease, now_ms: int) -> None:
-        if lease.live == 0:
-            return
-        max_age = self.settings.max_lease_age_ms
-        if max_age and lease.started_ms + max_age > now_ms:
-            # Session-wide renewal: its holder is still connected (a session that stops
-            # heartbeating is dropped, and its leases with it), so the lease goes on for
-            # another period, never past the delivery's maximum age.
-            period = lease.sub.lease_ms or self.settings.lease_ms
-            self.renew(lease, min(now_ms + period, lease.started_ms + max_age))
-            return
-        for seq in lease.seqs:
-            if self.lease_of.get(seq) is lease:
-                self.end_lease_of(seq, R.LEASE_EXPIRED, now_ms)
-
-    def expire_old_waiting(self, watermark: int, now_ms: int) -> None:
-        """Expire too-old messages wherever they wait; no subscriber needed.
-
-        The fifo and the returned heap are checked every time (their oldest is at the
-        front); group pending lists are swept at most once per sweep interval.
-        """
-        fifo = self.fifo
-        while self.head < len(fifo) and fifo[self.head] <= watermark:
-            seq = fifo[self.head]
-            gid = self.fifo_gid[self.head] if self.grouped else 0
-            self.head += 1
-            if seq in self.removed:
-                self.drop_removed(seq, gid)
-                continue
-            self.depth -= 1
-            self.expire_waiting(seq, gid, R.REASON_EXPIRED)
-        while not self.ordered and self.returned and self.returned[0] <= watermark:
-            seq = heapq.heappop(self.returned)
-            if seq in self.removed:
-                self.drop_removed(seq, 0)
-                continue
-            self.depth -= 1
-            self.expire_waiting(seq, 0, R.REASON_EXPIRED)
-        if self.skipped:
-            self.expire_skipped(watermark)
-        if now_ms < self.group_sweep_due_ms:
-            self.compact()
-            self.dirty = True
-            return
-        self.group_sweep_due_ms = now_ms + limits.EXPIRY_SWEEP_INTERVAL_MS
-        if self.ordered:
-            self.expire_heap(watermark)
-        if self.sleeping:
-            for key in sorted(k for k in self.sleeping if k & SEQ_MASK <= watermark):
-                self.sleeping.discard(key)
-                self.depth -= 1
-                self.expire_waiting(key & SEQ_MASK, 0, R.REASON_EXPIRED)
-        for grp in list(self.groups.values()):
-            popped = False
-            while grp.has_pending() and grp.pending[grp.phead] <= watermark:
-                seq = grp.pending[grp.phead]
-                grp.phead += 1
-                popped = True
-                if seq in self.removed:
-                    self.drop_removed(seq, grp.gid)
-                    continue
-                self.depth -= 1
-                self.expire_waiting(seq, grp.gid, R.REASON_EXPIRED)
-            if grp.gid in self.groups:
-                self.after_group_pop(grp)
-                if popped and grp.has_pending():
-                    self.group_became_pending(grp)  # an expired head may have parked it
-                self.maybe_forget_group(grp)
-        self.compact()
-        self.dirty = True
-
-    def expire_heap(self, watermark: int) -> None:
-        """Ordered queues: too-old messages may sit anywhere in the heap; one pass per
-        sweep interval takes them all out."""
-        if not self.returned or self.heap_oldest is not None and self.heap_oldest > watermark:
-            return
-        keep = []
-        for key in self.returned:
-            seq = key & SEQ_MASK
-            if seq > watermark:
-                keep.append(key)
-            elif seq in self.removed:
-                self.drop_removed(seq, 0)
-            else:
-                self.depth -= 1
-                self.expire_waiting(seq, 0, R.REASON_EXPIRED)
-        heapq.heapify(keep)
-        self.returned = keep
-        self.heap_oldest = None
-
-    def expire_skipped(self, watermark: int) -> None:
-        skipped, gone = self.skipped, self.skip_gone
-        for i, key in enumerate(skipped):
-            seq = key & SEQ_MASK
-            if seq > watermark:
-                if self.ordered:
-                    continue  # ranks, not ages, order the array
-                break
-            if key in gone:
-                continue
-            gone.add(key)
-            gid = self.skipped_gid[i]
-            if seq in self.removed:
-                self.drop_removed(seq, gid)
-                continue
-            if gid and self.groups[gid].held == seq:
-                grp = self.groups[gid]
-                grp.held = 0
-                if grp.has_pending():
-                    self.group_became_pending(grp)
-            self.depth -= 1
-            self.expire_waiting(seq, gid, R.REASON_EXPIRED)
-        self.compact_skipped()
+            expiry.expire_old(self, watermark, now_ms)
 
     def next_deadline_ms(self) -> int | None:
         best = self.lease_clock.next_ms()
@@ -2076,7 +1663,7 @@ class Queue:
             sub.held_back = 0
         sub.revoking.clear()
         sub.kept.clear()
-        self.skipped_gen += 1  # groups it owned may go to others now
+        self.aside.gen += 1  # groups it owned may go to others now
         for lease in sub.leases:
             if lease.live:
                 for seq in lease.seqs:
@@ -2096,174 +1683,25 @@ class Queue:
         self.dirty = True
 
     # --------------------------------------------------------------- views
+    # (zq.core.inventory reads where messages wait; these are the engine's ways in)
 
     def waiting(self) -> Iterator[int]:
-        """Waiting sequence numbers in delivery order (read-only view, for peek); in an
-        ordered queue, by rank (a group's messages by their own ranks)."""
-        sources = [iter(self.fifo[self.head:]), heap_in_order(self.returned), iter(self.live_skipped()),
-                   iter(sorted(self.sleeping))]
-        if self.ordered:
-            ranks = self.ranks
-            sources += [iter(sorted(ranks[s] for s in g.pending[g.phead:])) for g in self.groups.values()
-                        if g.has_pending()]
-        else:
-            sources += [iter(g.pending[g.phead:]) for g in self.groups.values() if g.has_pending()]
-        removed = self.removed
-        for key in heapq.merge(*sources):
-            seq = key & SEQ_MASK
-            if seq not in removed:
-                yield seq
-
-    def waiting_between(self, after: int, end: int, gid: int | None = None) -> Iterator[tuple[int, int]]:
-        """Waiting messages with bookmarks in (``after``, ``end``), in bookmark order, as
-        (bookmark, group id); with ``gid``, one group's only (0: messages of no group).
-
-        What a bulk operator action reads one slice at a time: the fifo and each group's
-        pending list are sorted, so a slice costs one bisect each, a pass over the
-        (usually short) returned heap and set-aside list, and what it takes."""
-        removed = self.removed
-        sources: list[Iterator[tuple[int, int]]] = []
-        fifo, head = self.fifo, self.head
-        lo = bisect_right(fifo, after, lo=head)
-        hi = bisect_left(fifo, end, lo=lo)
-        if lo < hi:
-            if self.grouped:
-                fifo_gid = self.fifo_gid
-                sources.append((fifo[i], fifo_gid[i]) for i in range(lo, hi) if gid is None or fifo_gid[i] == gid)
-            elif not gid:
-                sources.append(zip(fifo[lo:hi], repeat(0)))
-        if not gid and self.returned:  # the heap holds messages of no group only
-            sources.append(iter(sorted((s, 0) for s in (k & SEQ_MASK for k in self.returned) if after < s < end)))
-        if not gid and self.sleeping:  # so does ``sleeping``
-            sources.append(iter(sorted((s, 0) for s in (k & SEQ_MASK for k in self.sleeping) if after < s < end)))
-        if self.skipped:
-            gone = self.skip_gone
-            sources.append(iter(sorted((k & SEQ_MASK, g) for k, g in zip(self.skipped, self.skipped_gid)
-                                       if k not in gone and after < k & SEQ_MASK < end and (gid is None or g == gid))))
-        groups = self.groups.values() if gid is None else [self.groups[gid]] if gid in self.groups else []
-        for grp in groups:
-            if grp.has_pending():
-                pending, g = grp.pending, grp.gid
-                a = bisect_right(pending, after, lo=grp.phead)
-                b = bisect_left(pending, end, lo=a)
-                if a < b:
-                    sources.append(zip(pending[a:b], repeat(g)))
-        for seq, g in heapq.merge(*sources):
-            if seq not in removed:
-                yield seq, g
-
-    def waiting_of_group(self, gid: int) -> list[int]:
-        """The waiting messages of one group, oldest first."""
-        out = [s for s, g in zip(self.fifo[self.head:], self.fifo_gid[self.head:]) if g == gid] if self.grouped else []
-        grp = self.groups.get(gid)
-        if grp is not None:
-            out += grp.pending[grp.phead:]
-        gone = self.skip_gone
-        out += [s & SEQ_MASK for s, g in zip(self.skipped, self.skipped_gid) if g == gid and s not in gone]
-        return sorted(s for s in out if s not in self.removed)
-
-    def oldest_waiting_ungrouped(self) -> int | None:
-        """Oldest waiting message outside group pending lists (for expiry timers)."""
-        best = self.oldest_ungrouped_awake()
-        if self.sleeping:
-            asleep = min(k & SEQ_MASK for k in self.sleeping)
-            if best is None or asleep < best:
-                best = asleep
-        return best
-
-    def oldest_skipped(self) -> int | None:
-        """Oldest message set aside by filters (ordered queues keep ranks there)."""
-        best = None
-        gone = self.skip_gone
-        for key in self.skipped:
-            if key not in gone:
-                seq = key & SEQ_MASK
-                if best is None or seq < best:
-                    best = seq
-        return best
-
-    def oldest_ungrouped_awake(self) -> int | None:
-        if self.ordered:
-            best = self.oldest_in_heap()
-            aside = self.oldest_skipped()
-            return aside if best is None or aside is not None and aside < best else best
-        best = self.fifo[self.head] if self.head < len(self.fifo) else None
-        if self.returned and (best is None or self.returned[0] < best):
-            best = self.returned[0]
-        if self.skipped:
-            for s in self.skipped:
-                if s not in self.skip_gone:
-                    if best is None or s < best:
-                        best = s
-                    break
-        return best
-
-    def oldest_in_heap(self) -> int | None:
-        """Ordered queues: the oldest message in the heap. A scan, cached until that
-        message leaves the heap (pushes only ever bring the oldest down)."""
-        if self.heap_oldest is None:
-            removed = self.removed
-            self.heap_oldest = min((k & SEQ_MASK for k in self.returned if k & SEQ_MASK not in removed), default=_NONE)
-        return None if self.heap_oldest == _NONE else self.heap_oldest
-
-    def any_group_pending(self) -> bool:
-        return any(g.has_pending() for g in self.groups.values())
-
-    def waiting_set(self) -> set[int]:
-        """Waiting sequence numbers, unordered (for checkers: cheaper than ``waiting``)."""
-        out = set(self.fifo[self.head:])
-        out.update(k & SEQ_MASK for k in self.sleeping)
-        if self.ordered:
-            out.update(k & SEQ_MASK for k in self.returned)
-            out.update(k & SEQ_MASK for k in self.live_skipped())
-        else:
-            out.update(self.returned)
-            out.update(self.live_skipped())
-        for g in self.groups.values():
-            if g.has_pending():
-                out.update(g.pending[g.phead:])
-        out -= self.removed
-        return out
+        return inventory.waiting(self)
 
     def oldest_waiting(self) -> int | None:
-        """The oldest waiting message anywhere (fifo, returned, group pending lists)."""
-        oldest = self.oldest_waiting_ungrouped()
-        for g in self.groups.values():
-            if g.has_pending() and (oldest is None or g.pending[g.phead] < oldest):
-                oldest = g.pending[g.phead]
-        return oldest
+        return inventory.oldest_waiting(self)
+
+    def oldest_waiting_ungrouped(self) -> int | None:
+        return inventory.oldest_waiting_ungrouped(self)
+
+    def oldest_skipped(self) -> int | None:
+        return self.aside.oldest()
 
     def compute_recovery_point(self, next_seq: int) -> int:
-        """The smallest sequence number still in the queue (waiting or leased)."""
-        oldest = self.oldest_waiting()
-        rp = next_seq if oldest is None else min(next_seq, oldest)
-        if self.lease_of:
-            rp = min(rp, min(self.lease_of))
-        if self.removed:
-            rp = min(rp, min(self.removed))
-        if self.inactive or self.early_acks:
-            rp = min(rp, self.tqd_cursor)
-        return rp
+        return inventory.compute_recovery_point(self, next_seq)
 
-    def group_summary(self, top: int = 5, scan_max: int = 100_000) -> dict:
-        """Groups in flight and the busiest ones (scans at most ``scan_max`` groups)."""
-        inflight = 0
-        busiest: list[tuple[int, str, str | None]] = []
-        for i, g in enumerate(self.groups.values()):
-            if i >= scan_max:
-                break
-            if g.inflight:
-                inflight += 1
-            pending = g.count - g.inflight  # waiting anywhere: parked or still in the fifo
-            if pending:
-                busiest.append((pending, g.name, g.owner.consumer if g.owner is not None else None))
-        busiest.sort(key=lambda x: (-x[0], x[1]))
-        return {
-            "count": len(self.groups),
-            "in_flight": inflight,
-            "busiest": [{"group": n, "pending": p, "owner": o} for p, n, o in busiest[:top]],
-            "scanned": min(len(self.groups), scan_max),
-        }
+    def group_summary(self) -> dict:
+        return inventory.group_summary(self)
 
     def deliveries_of(self, seq: int) -> int:
         return self.meta.get(seq, 0) & _D_MASK

@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from zq.core import inventory
 from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.expr import Unevaluable
@@ -455,7 +456,7 @@ class Oracle:
             q = engine.queues.get(name)
             if q is None:
                 raise InvariantError(f"queue {name} vanished")
-            waiting = q.waiting_set()
+            waiting = inventory.waiting_set(q)
             leased = set(q.lease_of)
             if len(waiting) != q.depth:
                 raise InvariantError(f"{name}: depth {q.depth} but {len(waiting)} waiting")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from zq.core import limits
+from zq.core import inventory, limits
 from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.queue import Queue
@@ -308,7 +308,7 @@ class Simulator:
             if s.max_depth and s.overflow == "reject" and q.held() > s.max_depth:
                 raise InvariantError(f"{s.name}: {q.held()} messages held over max_depth {s.max_depth} (reject)")
             if s.lvq_key:
-                keys = [lvq_key(q, self.journal.get_message(seq)) for seq in q.waiting_set()]
+                keys = [lvq_key(q, self.journal.get_message(seq)) for seq in inventory.waiting_set(q)]
                 keys = [k for k in keys if k is not None]
                 if len(keys) != len(set(keys)):
                     raise InvariantError(f"{s.name}: more than one available message per key: {sorted(keys)}")
@@ -464,7 +464,7 @@ class Simulator:
         view, q = self.oracle.queues[name], self.engine.queues[name]
         if not view.confirmed:
             return
-        waiting = q.waiting_set()
+        waiting = inventory.waiting_set(q)
         for seq in self.rng.sample(sorted(view.confirmed), min(2, len(view.confirmed))):
             m = self.journal.get_message(seq)
             doc = explain(self.engine, name, seq, self.now_ms, m.topic if m else None, m.headers if m else None)
