@@ -66,7 +66,7 @@ import heapq
 from array import array
 from bisect import bisect_left, insort
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from zq.core import browse, choosing, expiry, inventory, limits
 from zq.core import records as R
@@ -86,6 +86,8 @@ _C_ONE = 1 << 16
 _G_SHIFT = 32
 _COMPACT_MIN = 4096  # compact the fifo array once this many consumed slots lead it
 _NONE = 1 << 64  # "no candidate here": above every rank
+_GO_ON: Final = 0  # what a dispatch step says to do next: go on, or stop
+_STOP: Final = 1
 
 
 class Subscription:
@@ -427,6 +429,7 @@ class Queue:
         # step): ten thousand filtered subscriptions once held the loop for seconds per publish.
         self.matches = 0
         self.out_of_budget = False  # the last dispatch stopped at its budget: the next step goes on
+        self.offered = 0  # the dispatch under way: set-aside messages ranked below this were offered
         self.aside = SetAside(self)  # messages no subscription with credit would take (filters)
         self.rr_next = 0
         self.depth = 0  # available messages
@@ -612,7 +615,12 @@ class Queue:
         """Hand waiting messages to subscriptions with credit, oldest first. Returns the
         filter evaluations it made: at ``budget`` it stops before the next message, still
         dirty (``out_of_budget``), and the next step goes on from there. A message is
-        always offered to every subscription with credit before it is set aside."""
+        always offered to every subscription with credit before it is set aside.
+
+        Each turn looks at the first candidate of the three places by rank (``_NONE``:
+        none there) and hands it to the place's own step (``from_fifo``,
+        ``from_returned``, ``from_ready``), which says whether to go on (``_GO_ON``) or
+        stop (``_STOP``: nobody can take it, the budget is spent, or nothing is left)."""
         self.dirty = False
         self.out_of_budget = False
         self.matches = 0
@@ -621,33 +629,27 @@ class Queue:
         if self.browse:
             browse.dispatch(self, budget)
             return self.matches
-        fifo, fifo_gid, groups = self.fifo, self.fifo_gid, self.groups
-        returned, ready, removed = self.returned, self.ready, self.removed
-        watermark = self.expired_watermark
-        filtered = self.filtered
-        ordered = self.ordered
-        offered = self.key_floor  # every live set-aside message ranked below this was offered
+        fifo, returned, ready = self.fifo, self.returned, self.ready
         aside = self.aside
-        n = len(fifo)
+        self.offered = self.key_floor  # every live set-aside message ranked below this was offered
         while True:
-            # The first candidate of the three places, by rank (_NONE stands for "none").
-            f = fifo[self.head] if self.head < n else _NONE
+            f = fifo[self.head] if self.head < len(fifo) else _NONE
             r = returned[0] if returned else _NONE
             g = ready[0][0] if ready else _NONE
             if aside.keys:
                 # Set-aside messages older than the next candidate go first, to whoever matches.
                 limit = min(f, r, g)
-                if limit > offered:
-                    if aside.has_before(offered, limit):
+                if limit > self.offered:
+                    if aside.has_before(self.offered, limit):
                         aside.offer(limit, now_ms, budget)
                         if self.depth == 0:
                             break
                         if self.matches >= budget:  # (not every set-aside one was offered to everyone)
                             self.stop_for_budget()
                             break
-                        offered = limit
+                        self.offered = limit
                         continue  # a set-aside group head went: its group's next may compete now (look again)
-                    offered = limit
+                    self.offered = limit
             if self.barriers:
                 held_back = self.barrier_gate(min(f, r, g))
                 if held_back is None:
@@ -655,140 +657,154 @@ class Queue:
                 if held_back:
                     break  # the oldest barrier waits for earlier messages to be acknowledged
             if f < r and f < g:
-                seq = f
-                gid = fifo_gid[self.head] if self.grouped else 0
-                if removed and seq in removed:
-                    self.head += 1
-                    self.drop_removed(seq, gid)
-                    continue
-                if seq <= watermark:
-                    self.head += 1
-                    self.depth -= 1
-                    self.expire_waiting(seq, gid, R.REASON_EXPIRED)
-                    continue
-                grp = groups[gid] if gid else None
-                if self.delays.due and seq in self.delays.due:
-                    self.head += 1  # not yet: it waits in its group (parking it) or asleep
-                    if grp is not None:
-                        self.park(grp, seq)
-                    else:
-                        self.sleeping.add(seq)
-                    continue
-                if grp is not None and (grp.has_pending() or not self.group_can_go(grp)):
-                    self.head += 1
-                    self.park(grp, seq)
-                    continue
-                if filtered and self.matches >= budget:
-                    self.stop_for_budget()
-                    break
-                sub = choosing.choose_for(self, grp, seq) if filtered else choosing.choose(self, grp)
-                if sub is None:
-                    if filtered and choosing.any_credit(self):
-                        self.head += 1
-                        offered = self.aside.add(seq, seq, gid, judged=offered >= seq)
-                        continue
-                    break
-                self.head += 1
+                step = self.from_fifo(f, now_ms, budget)
             elif r < g:
-                seq = r & SEQ_MASK  # r itself in a FIFO queue
-                if self.delays.due and seq in self.delays.due:
-                    heapq.heappop(returned)  # a publish's delay (ordered queues enqueue into the heap)
-                    if seq == self.heap_oldest:
-                        self.heap_oldest = None
-                    if ordered:
-                        self.ranks[seq] = r
-                    self.sleeping.add(r)
-                    continue
-                live = not (removed and seq in removed) and seq > watermark
-                sub = None
-                if live:
-                    if filtered and self.matches >= budget:
-                        self.stop_for_budget()
-                        break
-                    avoid = self.last_holder.get(seq) if self.last_holder else None
-                    if filtered:
-                        sub = choosing.choose_for(self, None, seq, avoid)
-                    else:
-                        sub = choosing.choose(self, None) if avoid is None else choosing.choose_avoiding(self, None, avoid)
-                    if sub is None and not (filtered and choosing.any_credit(self)):
-                        break
-                heapq.heappop(returned)
-                if seq == self.heap_oldest:
-                    self.heap_oldest = None
-                if not live:
-                    if seq in removed:
-                        self.drop_removed(seq, 0)
-                    else:
-                        self.depth -= 1
-                        self.expire_waiting(seq, 0, R.REASON_EXPIRED)
-                    continue
-                if ordered:
-                    self.ranks[seq] = r
-                if sub is None:
-                    offered = self.aside.add(r, seq, 0, judged=offered >= r)
-                    continue
-                grp = None
+                step = self.from_returned(r, now_ms, budget)
             elif g != _NONE:
-                key, gid = ready[0]
-                seq = key & SEQ_MASK
-                grp = groups.get(gid)
-                if grp is None or not grp.has_pending() or grp.pending[grp.phead] != seq:
-                    heapq.heappop(ready)  # stale entry
-                    continue
-                if removed and seq in removed:
-                    heapq.heappop(ready)
-                    grp.phead += 1
-                    self.after_group_pop(grp)
-                    self.drop_removed(seq, gid)
-                    if grp.gid in groups and grp.has_pending():
-                        self.group_became_pending(grp)  # register the group's new head
-                    continue
-                if seq <= watermark:
-                    heapq.heappop(ready)
-                    grp.phead += 1
-                    self.after_group_pop(grp)
-                    self.depth -= 1
-                    self.expire_waiting(seq, gid, R.REASON_EXPIRED)
-                    if grp.gid in groups and grp.has_pending():
-                        self.group_became_pending(grp)
-                    continue
-                if not self.group_can_go(grp):
-                    heapq.heappop(ready)
-                    if grp.owner is not None:
-                        grp.owner.waiting_groups.add(gid)
-                    continue
-                if filtered and self.matches >= budget:
-                    self.stop_for_budget()
-                    break
-                avoid = self.last_holder.get(seq) if self.last_holder else None
-                if filtered:
-                    sub = choosing.choose_for(self, grp, seq, avoid)
-                else:
-                    sub = choosing.choose(self, grp) if avoid is None else choosing.choose_avoiding(self, grp, avoid)
-                if sub is None:
-                    if filtered and choosing.any_credit(self):
-                        heapq.heappop(ready)
-                        grp.phead += 1
-                        self.after_group_pop(grp)
-                        offered = self.aside.add(key, seq, gid, judged=offered >= key)
-                        continue
-                    break
-                heapq.heappop(ready)
-                grp.phead += 1
-                self.after_group_pop(grp)
-                self.lease(sub, seq, grp, now_ms)
-                if grp.has_pending():
-                    self.group_became_pending(grp)  # register the group's new head
-                if self.depth == 0:
-                    break
-                continue
+                step = self.from_ready(now_ms, budget)
             else:
                 break
-            self.lease(sub, seq, grp, now_ms)
-            if self.depth == 0:
+            if step == _STOP:
                 break
         self.compact()
         return self.matches
+
+    def from_fifo(self, seq: int, now_ms: int, budget: int) -> int:
+        """Dispatch's step for the fifo's head ``seq`` (the oldest candidate)."""
+        gid = self.fifo_gid[self.head] if self.grouped else 0
+        removed = self.removed
+        if removed and seq in removed:
+            self.head += 1
+            self.drop_removed(seq, gid)
+            return _GO_ON
+        if seq <= self.expired_watermark:
+            self.head += 1
+            self.depth -= 1
+            self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+            return _GO_ON
+        grp = self.groups[gid] if gid else None
+        if self.delays.due and seq in self.delays.due:
+            self.head += 1  # not yet: it waits in its group (parking it) or asleep
+            if grp is not None:
+                self.park(grp, seq)
+            else:
+                self.sleeping.add(seq)
+            return _GO_ON
+        if grp is not None and (grp.has_pending() or not self.group_can_go(grp)):
+            self.head += 1
+            self.park(grp, seq)
+            return _GO_ON
+        filtered = self.filtered
+        if filtered and self.matches >= budget:
+            self.stop_for_budget()
+            return _STOP
+        sub = choosing.choose_for(self, grp, seq) if filtered else choosing.choose(self, grp)
+        if sub is None:
+            if filtered and choosing.any_credit(self):
+                self.head += 1
+                self.offered = self.aside.add(seq, seq, gid, judged=self.offered >= seq)
+                return _GO_ON
+            return _STOP
+        self.head += 1
+        self.lease(sub, seq, grp, now_ms)
+        return _STOP if self.depth == 0 else _GO_ON
+
+    def from_returned(self, r: int, now_ms: int, budget: int) -> int:
+        """Dispatch's step for the returned heap's top (rank ``r``: the seq itself in a
+        FIFO queue), a message of no group."""
+        seq = r & SEQ_MASK
+        returned, removed = self.returned, self.removed
+        if self.delays.due and seq in self.delays.due:
+            heapq.heappop(returned)  # a publish's delay (ordered queues enqueue into the heap)
+            if seq == self.heap_oldest:
+                self.heap_oldest = None
+            if self.ordered:
+                self.ranks[seq] = r
+            self.sleeping.add(r)
+            return _GO_ON
+        live = not (removed and seq in removed) and seq > self.expired_watermark
+        filtered = self.filtered
+        sub = None
+        if live:
+            if filtered and self.matches >= budget:
+                self.stop_for_budget()
+                return _STOP
+            avoid = self.last_holder.get(seq) if self.last_holder else None
+            if filtered:
+                sub = choosing.choose_for(self, None, seq, avoid)
+            else:
+                sub = choosing.choose(self, None) if avoid is None else choosing.choose_avoiding(self, None, avoid)
+            if sub is None and not (filtered and choosing.any_credit(self)):
+                return _STOP
+        heapq.heappop(returned)
+        if seq == self.heap_oldest:
+            self.heap_oldest = None
+        if not live:
+            if seq in removed:
+                self.drop_removed(seq, 0)
+            else:
+                self.depth -= 1
+                self.expire_waiting(seq, 0, R.REASON_EXPIRED)
+            return _GO_ON
+        if self.ordered:
+            self.ranks[seq] = r
+        if sub is None:
+            self.offered = self.aside.add(r, seq, 0, judged=self.offered >= r)
+            return _GO_ON
+        self.lease(sub, seq, None, now_ms)
+        return _STOP if self.depth == 0 else _GO_ON
+
+    def from_ready(self, now_ms: int, budget: int) -> int:
+        """Dispatch's step for the head of the group on top of the ``ready`` heap."""
+        ready = self.ready
+        key, gid = ready[0]
+        seq = key & SEQ_MASK
+        grp = self.groups.get(gid)
+        if grp is None or not grp.has_pending() or grp.pending[grp.phead] != seq:
+            heapq.heappop(ready)  # stale entry
+            return _GO_ON
+        if (self.removed and seq in self.removed) or seq <= self.expired_watermark:
+            heapq.heappop(ready)
+            self.pop_group_head(grp)
+            if seq in self.removed:
+                self.drop_removed(seq, gid)
+            else:
+                self.depth -= 1
+                self.expire_waiting(seq, gid, R.REASON_EXPIRED)
+            if grp.gid in self.groups and grp.has_pending():
+                self.group_became_pending(grp)  # register the group's new head
+            return _GO_ON
+        if not self.group_can_go(grp):
+            heapq.heappop(ready)
+            if grp.owner is not None:
+                grp.owner.waiting_groups.add(gid)
+            return _GO_ON
+        filtered = self.filtered
+        if filtered and self.matches >= budget:
+            self.stop_for_budget()
+            return _STOP
+        avoid = self.last_holder.get(seq) if self.last_holder else None
+        if filtered:
+            sub = choosing.choose_for(self, grp, seq, avoid)
+        else:
+            sub = choosing.choose(self, grp) if avoid is None else choosing.choose_avoiding(self, grp, avoid)
+        if sub is None:
+            if filtered and choosing.any_credit(self):
+                heapq.heappop(ready)
+                self.pop_group_head(grp)
+                self.offered = self.aside.add(key, seq, gid, judged=self.offered >= key)
+                return _GO_ON
+            return _STOP
+        heapq.heappop(ready)
+        self.pop_group_head(grp)
+        self.lease(sub, seq, grp, now_ms)
+        if grp.has_pending():
+            self.group_became_pending(grp)  # register the group's new head
+        return _STOP if self.depth == 0 else _GO_ON
+
+    def pop_group_head(self, grp: Group) -> None:
+        grp.phead += 1
+        self.after_group_pop(grp)
 
     def stop_for_budget(self) -> None:
         """The dispatch spent its filter budget: stay dirty, the next step goes on."""
