@@ -29,7 +29,8 @@ from typing import Any
 # exception classes stay in interpreted modules (mypyc drops their class keywords).
 COMPILED_MODULES = ("zq.core.queue", "zq.core.ordering", "zq.core.fairshare", "zq.core.engine", "zq.core.depth",
                     "zq.core.manage", "zq.core.inventory", "zq.core.aside", "zq.core.choosing",
-                    "zq.core.expiry", "zq.core.browse")
+                    "zq.core.expiry", "zq.core.browse", "zq.core.grouping",
+                    "zq.core.leases", "zq.core.delaying")
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding the zq package
 
 BUILD = "interpreted"  # or "compiled"

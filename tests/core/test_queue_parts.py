@@ -10,7 +10,9 @@ from __future__ import annotations
 from array import array
 
 from zq.core import QueueSettings, browse, choosing, expiry, inventory, limits
-from zq.core.queue import DelayTimer, Lease, LeaseClock, Queue, Subscription
+from zq.core.delaying import DelayTimer
+from zq.core.leases import Lease, LeaseClock
+from zq.core.queue import Queue, Subscription
 
 HOLDER = Subscription("s", Queue(QueueSettings(name="q")), "c", 1)
 

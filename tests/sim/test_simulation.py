@@ -6,6 +6,7 @@ Replay one failing seed with ``pytest tests/sim --zq-seed=N`` or
 
 import pytest
 
+from zq.core import delaying, grouping, leases
 from zq.core.queue import Queue
 from zq.testing.checkers import InvariantError
 from zq.testing.simulator import Simulator
@@ -118,7 +119,7 @@ def test_idle_workers_reclaim_unstarted_work_and_the_checks_ran():
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
     if bug == "sequenced-group-ignores-inflight":
-        monkeypatch.setattr(Queue, "group_can_go", lambda self, grp: True)
+        monkeypatch.setattr(grouping, "can_go", lambda q, grp: True)
     elif bug == "ordered-queue-ignores-rank":
         original_enqueue = Queue.enqueue_ranked
         monkeypatch.setattr(Queue, "enqueue_ranked", lambda self, seq, gid, key: original_enqueue(self, seq, gid, seq))
@@ -132,27 +133,26 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         original_advance = Queue.advance
 
         def advance(self, now_ms, watermark):
-            self.wake_due(now_ms + 40)  # 40 ms early
+            delaying.wake_due(self, now_ms + 40)  # 40 ms early
             original_advance(self, now_ms, watermark)
 
         monkeypatch.setattr(Queue, "advance", advance)
     elif bug == "parked-group-blocks-all":
-        original_can_go = Queue.group_can_go
-        monkeypatch.setattr(Queue, "group_can_go",
-                            lambda self, grp: not self.delays.due and original_can_go(self, grp))
+        original_can_go = grouping.can_go
+        monkeypatch.setattr(grouping, "can_go", lambda q, grp: not q.delays.due and original_can_go(q, grp))
     elif bug == "renewal-ignores-max-age":
-        original_renew = Queue.renew
-        monkeypatch.setattr(Queue, "renew", lambda self, lease, deadline_ms: original_renew(
-            self, lease, deadline_ms + self.settings.lease_ms))
+        original_renew = leases.renew
+        monkeypatch.setattr(leases, "renew", lambda q, lease, deadline_ms: original_renew(
+            q, lease, deadline_ms + q.settings.lease_ms))
     elif bug == "renewal-never-renews":  # a connected worker's lease just ends, as without max_lease_age
         from zq.core import records as R
 
-        def renew(self, lease, deadline_ms):
+        def renew(q, lease, deadline_ms):
             for seq in list(lease.seqs):
-                if self.lease_of.get(seq) is lease:
-                    self.end_lease_of(seq, R.LEASE_EXPIRED)
+                if q.lease_of.get(seq) is lease:
+                    q.end_lease_of(seq, R.LEASE_EXPIRED)
 
-        monkeypatch.setattr(Queue, "renew", renew)
+        monkeypatch.setattr(leases, "renew", renew)
     elif bug == "causes-miss-lease-expiries":
         from zq.core import records as R
 

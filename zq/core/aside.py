@@ -18,6 +18,7 @@ from array import array
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
+from zq.core import grouping, leases
 from zq.core import records as R
 from zq.core.ordering import SEQ_MASK
 
@@ -132,7 +133,7 @@ class SetAside:
                         q.matches += 1
                         if owner.match(seq):
                             continue
-                        q.disown(grp)
+                        grouping.disown(q, grp)
                     if not q.owned and grp.inflight:
                         continue
                 if sub.match is not None:
@@ -145,9 +146,9 @@ class SetAside:
                 gone.add(key)
                 if grp is not None:
                     grp.held = 0
-                q.lease(sub, seq, grp, now_ms)
+                leases.grant(q, sub, seq, grp, now_ms)
                 if grp is not None and grp.has_pending():
-                    q.group_became_pending(grp)
+                    grouping.became_pending(q, grp)
             sub.skip_cursor = keys[i] if i < n else (keys[-1] + 1 if n else self.floor)
             if sub.skip_cursor > self.high:
                 self.high = sub.skip_cursor
@@ -183,7 +184,7 @@ class SetAside:
             grp.held = 0
             self.gen += 1
             if grp.has_pending():
-                q.group_became_pending(grp)
+                grouping.became_pending(q, grp)
         q.dirty = True
         return True
 
@@ -225,7 +226,7 @@ class SetAside:
                 grp = q.groups[gid]
                 grp.held = 0
                 if grp.has_pending():
-                    q.group_became_pending(grp)
+                    grouping.became_pending(q, grp)
             q.depth -= 1
             q.expire_waiting(seq, gid, R.REASON_EXPIRED)
         self.compact()

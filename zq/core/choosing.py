@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zq.core import grouping
+
 if TYPE_CHECKING:
-    from zq.core.queue import Group, Queue, Subscription
+    from zq.core.grouping import Group
+    from zq.core.queue import Queue, Subscription
 
 
 def choose(q: Queue, grp: Group | None) -> Subscription | None:
@@ -89,7 +92,7 @@ def choose_for(q: Queue, grp: Group | None, seq: int, avoid: str | None = None) 
             return owner
         if grp.inflight:
             return None
-        q.disown(grp)  # its owner refuses the group's next message and holds none
+        grouping.disown(q, grp)  # its owner refuses the group's next message and holds none
     subs = q.subs
     order = [s for s in subs if s.used < s.backlog]
     if len(order) > 1:

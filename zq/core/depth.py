@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from mypy_extensions import trait
 
+from zq.core import delaying
 from zq.core import records as R
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class TargetDepthMixin:
         if q.inactive_due:
             due = q.inactive_due.pop(m.seq, 0)
             if due > self.now_ms:  # its delay was journaled when it was published: not again
-                q.mark_delayed(m.seq, gid, due, R.DELAY_PUBLISHED, journal=False)
+                delaying.mark(q, m.seq, gid, due, R.DELAY_PUBLISHED, journal=False)
 
     def ack_inactive(self, q: Queue, sub: Subscription, seq: int) -> bool:
         """An unleased ack of a message still in the journal only: remember and journal it."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from zq.core import limits
+from zq.core import grouping, leases, limits
 from zq.core import records as R
 from zq.core.ordering import SEQ_MASK
 
@@ -36,7 +36,7 @@ def expire_lease(q: Queue, lease: Lease, now_ms: int) -> None:
         # heartbeating is dropped, and its leases with it), so the lease goes on for
         # another period, never past the delivery's maximum age.
         period = lease.sub.lease_ms or q.settings.lease_ms
-        q.renew(lease, min(now_ms + period, lease.started_ms + max_age))
+        leases.renew(q, lease, min(now_ms + period, lease.started_ms + max_age))
         return
     for seq in lease.seqs:
         if q.lease_of.get(seq) is lease:
@@ -92,10 +92,10 @@ def expire_old(q: Queue, watermark: int, now_ms: int) -> None:
             q.depth -= 1
             q.expire_waiting(seq, grp.gid, R.REASON_EXPIRED)
         if grp.gid in q.groups:
-            q.after_group_pop(grp)
+            grouping.after_pop(q, grp)
             if popped and grp.has_pending():
-                q.group_became_pending(grp)  # an expired head may have parked it
-            q.maybe_forget_group(grp)
+                grouping.became_pending(q, grp)  # an expired head may have parked it
+            grouping.maybe_forget(q, grp)
     q.compact()
     q.dirty = True
 

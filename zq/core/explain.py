@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
+from zq.core import delaying
 from zq.core.ordering import SEQ_MASK
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         return out
     out["state"] = "waiting"
     out["place"] = place
-    due = q.due_of(seq)
+    due = delaying.due_of(q, seq)
     if due is not None:
         out["not_before_ms"] = due
         out["due_in_ms"] = max(0, due - now_ms)
@@ -153,7 +154,7 @@ def waiting_place(q: Queue, seq: int, group: str | None) -> str | None:
 def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place: str,
                     now_ms: int = 0) -> list[str]:
     why: list[str] = []
-    due = q.due_of(seq)
+    due = delaying.due_of(q, seq)
     if due is not None:
         what = "its retry" if q.deliveries_of(seq) else "the time it was published for"
         why.append(f"waits for {what}: due in {duration_text(due - now_ms)}")
@@ -168,7 +169,7 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
         if place == "group" and g.has_pending() and g.pending[g.phead] != seq:
             ahead = len(g.pending) - g.phead
             why.append(f"behind older messages of its group {group!r} ({ahead} of them wait in order)")
-            head_due = q.due_of(g.pending[g.phead])
+            head_due = delaying.due_of(q, g.pending[g.phead])
             if head_due is not None:
                 why.append(f"its group {group!r} is parked: its oldest message {g.pending[g.phead]} waits for its "
                            f"time (in {duration_text(head_due - now_ms)}); other groups go on")

@@ -20,7 +20,7 @@ from mypy_extensions import trait
 
 import msgspec
 
-from zq.core import expr, inventory, limits
+from zq.core import expr, inventory, leases, limits
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
 from zq.core.settings import QueueSettings, check_topic, covers_topic
@@ -139,7 +139,7 @@ class ManagementMixin:
             if lease is not None:
                 if not leased:
                     continue
-                _, m = q.release(seq)
+                _, m = leases.release(q, seq)
                 q.finish(seq, m >> 32)
                 q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
             elif q.remove_available(seq, known_waiting=True, gid=gid):

@@ -68,10 +68,13 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from zq.core import browse, choosing, expiry, inventory, limits
+from zq.core import browse, choosing, delaying, expiry, grouping, inventory, leases, limits
 from zq.core import records as R
 from zq.core.aside import SetAside
 from zq.core.errors import LimitError
+from zq.core.delaying import DelayTimer
+from zq.core.grouping import Group
+from zq.core.leases import Lease, LeaseClock
 from zq.core.expr import Unevaluable, compile_filter, compile_value
 from zq.core.fairshare import FairShare
 from zq.core.regex import compile_pattern
@@ -134,114 +137,6 @@ class Subscription:
         self.kept: dict[int, int] = {}  # seq -> epoch: asked back, already started (not to ask again)
         self.held_back = 0  # credit given back with reclaimed deliveries, withheld until the others took them
         self.given_back = 0  # deliveries it gave back unstarted (stats: zq top's consumers)
-
-
-class Lease:
-    __slots__ = ("sub", "deadline_ms", "seqs", "live", "started_ms")
-
-    def __init__(self, sub: Subscription, deadline_ms: int, started_ms: int = 0) -> None:
-        self.sub = sub
-        self.deadline_ms = deadline_ms
-        self.started_ms = started_ms
-        self.seqs: list[int] = []
-        self.live = 0  # how many of ``seqs`` this lease still holds
-
-
-class LeaseClock:
-    """When each lease runs out (the theory of operation: "A delivery is a lease").
-
-    Leases of the queue's own period are made in deadline order (one period, monotonic
-    time), so they wait in ``in_order`` and run out from its front; a lease with any
-    other deadline (a claim's own period, an extension, a renewal) waits in ``heap``. A
-    lease that has settled (``live`` 0) is dropped wherever it is met, never waited for."""
-
-    __slots__ = ("in_order", "heap", "tiebreak")
-
-    def __init__(self) -> None:
-        self.in_order: deque[Lease] = deque()
-        self.heap: list[tuple[int, int, Lease]] = []
-        self.tiebreak = 0  # heap entries of equal deadlines keep the order they came in
-
-    def add_in_order(self, lease: Lease) -> None:
-        """A lease of the queue's period: it ends after every lease added before it."""
-        self.in_order.append(lease)
-
-    def add(self, lease: Lease) -> None:
-        """A lease with a deadline of its own."""
-        self.tiebreak += 1
-        heapq.heappush(self.heap, (lease.deadline_ms, self.tiebreak, lease))
-
-    def period_changed(self) -> None:
-        """The queue's lease period changed: new leases could end before the old ones, so
-        the old ones that still hold something wait by deadline instead."""
-        for lease in self.in_order:
-            if lease.live:
-                self.add(lease)
-        self.in_order.clear()
-
-    def pop_due(self, now_ms: int) -> Lease | None:
-        """The next lease that ran out by ``now_ms`` or has settled, taken off the clock
-        (those in order first, as they always were); None when there is none."""
-        in_order = self.in_order
-        if in_order:
-            first = in_order[0]
-            if first.live == 0 or first.deadline_ms <= now_ms:
-                return in_order.popleft()
-        heap = self.heap
-        if heap:
-            top = heap[0]
-            if top[2].live == 0 or top[0] <= now_ms:
-                return heapq.heappop(heap)[2]
-        return None
-
-    def next_ms(self) -> int | None:
-        """The earliest deadline of a lease that still holds something (settled leases at
-        the front of the order are dropped on the way: advance would drop them too)."""
-        in_order = self.in_order
-        while in_order and in_order[0].live == 0:
-            in_order.popleft()
-        best = in_order[0].deadline_ms if in_order else None
-        if self.heap:
-            d = self.heap[0][0]
-            best = d if best is None else min(best, d)
-        return best
-
-
-class DelayTimer:
-    """Messages that may not go before a time (a retry's backoff, a publish's delay; the
-    theory of operation's "Delayed messages"). ``due`` marks each such message while it
-    waits in its place: seq -> (due ms, group id); ``heap`` holds the timers, (due ms,
-    seq), stale once their mark is gone or was set again."""
-
-    __slots__ = ("due", "heap")
-
-    def __init__(self) -> None:
-        self.due: dict[int, tuple[int, int]] = {}
-        self.heap: list[tuple[int, int]] = []
-
-    def mark(self, seq: int, gid: int, due_ms: int) -> None:
-        self.due[seq] = (due_ms, gid)
-        heapq.heappush(self.heap, (due_ms, seq))
-
-    def any_due(self, now_ms: int) -> bool:
-        return bool(self.heap) and self.heap[0][0] <= now_ms
-
-    def take_due(self, now_ms: int) -> list[tuple[int, int]]:
-        """The marks whose time came by ``now_ms``, as (seq, group id), taken off."""
-        heap, due = self.heap, self.due
-        out: list[tuple[int, int]] = []
-        while heap and heap[0][0] <= now_ms:
-            when, seq = heapq.heappop(heap)
-            entry = due.get(seq)
-            if entry is None or entry[0] != when:
-                continue  # settled, removed or delayed again since
-            del due[seq]
-            out.append((seq, entry[1]))
-        return out
-
-    def next_ms(self) -> int | None:
-        """The earliest timer (perhaps stale: waking for it finds nothing, and is cheap)."""
-        return self.heap[0][0] if self.heap else None
 
 
 class Causes:
@@ -335,23 +230,6 @@ class CauseLedger:
         c = self.open[seq] = Causes(counts[4])
         c.cancelled, c.failed, c.lease_expired, c.consumer_gone, c.last_ms = counts[0], counts[1], counts[2], counts[3], counts[5]
         c.last_error, c.last_consumer = error, consumer
-
-
-class Group:
-    __slots__ = ("gid", "name", "pending", "phead", "inflight", "owner", "count", "held")
-
-    def __init__(self, gid: int, name: str) -> None:
-        self.gid = gid
-        self.name = name
-        self.pending = array("Q")
-        self.phead = 0
-        self.inflight = 0
-        self.owner: Subscription | None = None
-        self.count = 0  # messages of this group still in the queue (waiting or leased)
-        self.held = 0  # the group's head, set aside by filters (0: none); the rest waits behind it
-
-    def has_pending(self) -> bool:
-        return self.phead < len(self.pending)
 
 
 class Queue:
@@ -595,7 +473,7 @@ class Queue:
             grp = self.groups[gid]
             grp.count += 1
             self.ranks[seq] = key
-            self.park(grp, seq)
+            grouping.park(self, grp, seq)
             return
         heapq.heappush(self.returned, key)
         if self.heap_oldest is not None and seq < self.heap_oldest:
@@ -604,10 +482,6 @@ class Queue:
     def key_of(self, seq: int) -> int:
         """The rank of a message outside the heap (its sequence number in a FIFO queue)."""
         return self.ranks[seq] if self.ordered else seq
-
-    def push_ready(self, grp: Group) -> None:
-        """The group can go: its head competes for dispatch by its rank."""
-        heapq.heappush(self.ready, (self.key_of(grp.pending[grp.phead]), grp.gid))
 
     # --------------------------------------------------------------- dispatch
 
@@ -686,13 +560,13 @@ class Queue:
         if self.delays.due and seq in self.delays.due:
             self.head += 1  # not yet: it waits in its group (parking it) or asleep
             if grp is not None:
-                self.park(grp, seq)
+                grouping.park(self, grp, seq)
             else:
                 self.sleeping.add(seq)
             return _GO_ON
-        if grp is not None and (grp.has_pending() or not self.group_can_go(grp)):
+        if grp is not None and (grp.has_pending() or not grouping.can_go(self, grp)):
             self.head += 1
-            self.park(grp, seq)
+            grouping.park(self, grp, seq)
             return _GO_ON
         filtered = self.filtered
         if filtered and self.matches >= budget:
@@ -706,7 +580,7 @@ class Queue:
                 return _GO_ON
             return _STOP
         self.head += 1
-        self.lease(sub, seq, grp, now_ms)
+        leases.grant(self, sub, seq, grp, now_ms)
         return _STOP if self.depth == 0 else _GO_ON
 
     def from_returned(self, r: int, now_ms: int, budget: int) -> int:
@@ -751,7 +625,7 @@ class Queue:
         if sub is None:
             self.offered = self.aside.add(r, seq, 0, judged=self.offered >= r)
             return _GO_ON
-        self.lease(sub, seq, None, now_ms)
+        leases.grant(self, sub, seq, None, now_ms)
         return _STOP if self.depth == 0 else _GO_ON
 
     def from_ready(self, now_ms: int, budget: int) -> int:
@@ -765,16 +639,16 @@ class Queue:
             return _GO_ON
         if (self.removed and seq in self.removed) or seq <= self.expired_watermark:
             heapq.heappop(ready)
-            self.pop_group_head(grp)
+            grouping.pop_head(self, grp)
             if seq in self.removed:
                 self.drop_removed(seq, gid)
             else:
                 self.depth -= 1
                 self.expire_waiting(seq, gid, R.REASON_EXPIRED)
             if grp.gid in self.groups and grp.has_pending():
-                self.group_became_pending(grp)  # register the group's new head
+                grouping.became_pending(self, grp)  # register the group's new head
             return _GO_ON
-        if not self.group_can_go(grp):
+        if not grouping.can_go(self, grp):
             heapq.heappop(ready)
             if grp.owner is not None:
                 grp.owner.waiting_groups.add(gid)
@@ -791,56 +665,21 @@ class Queue:
         if sub is None:
             if filtered and choosing.any_credit(self):
                 heapq.heappop(ready)
-                self.pop_group_head(grp)
+                grouping.pop_head(self, grp)
                 self.offered = self.aside.add(key, seq, gid, judged=self.offered >= key)
                 return _GO_ON
             return _STOP
         heapq.heappop(ready)
-        self.pop_group_head(grp)
-        self.lease(sub, seq, grp, now_ms)
+        grouping.pop_head(self, grp)
+        leases.grant(self, sub, seq, grp, now_ms)
         if grp.has_pending():
-            self.group_became_pending(grp)  # register the group's new head
+            grouping.became_pending(self, grp)  # register the group's new head
         return _STOP if self.depth == 0 else _GO_ON
-
-    def pop_group_head(self, grp: Group) -> None:
-        grp.phead += 1
-        self.after_group_pop(grp)
 
     def stop_for_budget(self) -> None:
         """The dispatch spent its filter budget: stay dirty, the next step goes on."""
         self.dirty = True
         self.out_of_budget = True
-
-    def group_can_go(self, grp: Group) -> bool:
-        if grp.held:
-            return False
-        if self.delays.due and grp.phead < len(grp.pending) and grp.pending[grp.phead] in self.delays.due:
-            return False  # parked: its head waits for its time, and the group behind it
-        if self.owned:
-            owner = grp.owner
-            return owner is None or owner.used < owner.backlog
-        return grp.inflight == 0
-
-    def park(self, grp: Group, seq: int) -> None:
-        """Put a fifo message into its group's pending list (it is older than none there)."""
-        was_empty = not grp.has_pending()
-        grp.pending.append(seq)
-        if was_empty:
-            self.group_became_pending(grp)
-
-    def group_became_pending(self, grp: Group) -> None:
-        if self.group_can_go(grp):
-            self.push_ready(grp)
-        elif self.owned and grp.owner is not None:
-            grp.owner.waiting_groups.add(grp.gid)
-
-    def after_group_pop(self, grp: Group) -> None:
-        if grp.phead >= len(grp.pending):
-            grp.pending = array("Q")
-            grp.phead = 0
-        elif grp.phead > 64 and grp.phead * 2 > len(grp.pending):
-            del grp.pending[: grp.phead]
-            grp.phead = 0
 
     def barrier_gate(self, candidate: int) -> bool | None:
         """Before dispatching ``candidate``: False to go on, True to stop (the oldest
@@ -871,57 +710,13 @@ class Queue:
         self.expired_out.append((b, R.REASON_BARRIER, 0, None))
         return None
 
-    def disown(self, grp: Group) -> None:
-        """A group leaves its holder: an exclusive one whose filter refuses the group's
-        next message, a sequenced one that holds none of it any more."""
-        owner = grp.owner
-        assert owner is not None and grp.inflight == 0
-        owner.owned_groups.discard(grp.gid)
-        owner.waiting_groups.discard(grp.gid)
-        grp.owner = None
+    def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
+        """Move ``seqs`` to leases ending at ``deadline_ms`` (``leases.extend``)."""
+        return leases.extend(self, sub, seqs, deadline_ms)
 
-    def lease(self, sub: Subscription, seq: int, grp: Group | None, now_ms: int) -> None:
-        lease = sub.current
-        if lease is None:
-            if sub.lease_ms is None:
-                lease = sub.current = Lease(sub, now_ms + self.settings.lease_ms, now_ms)
-                self.lease_clock.add_in_order(lease)
-            else:
-                claim_ms = sub.lease_ms
-                max_age = self.settings.max_lease_age_ms
-                if max_age and claim_ms > max_age:
-                    claim_ms = max_age  # a claim's own lease: not past the queue's maximum age either
-                lease = sub.current = Lease(sub, now_ms + claim_ms, now_ms)
-                self.lease_clock.add(lease)
-            if len(sub.leases) > 64:
-                sub.leases = [x for x in sub.leases if x.live]
-            sub.leases.append(lease)
-        lease.seqs.append(seq)
-        lease.live += 1
-        self.lease_of[seq] = lease
-        if self.last_holder:
-            self.last_holder.pop(seq, None)
-        m = self.meta.get(seq)
-        if m is None:
-            m = (grp.gid << _G_SHIFT) if grp is not None else 0
-        else:
-            self.redelivered += 1
-        m += 1
-        self.meta[seq] = m
-        sub.used += 1
-        sub.out_seqs.append(seq)
-        sub.out_deliveries.append(m & _D_MASK)
-        self.depth -= 1
-        self.delivered += 1
-        if self.fair_share is not None:
-            rank = self.ranks.get(seq)
-            if rank is not None:
-                self.fair_share.dispatched(rank, self.depth == 0)
-        if grp is not None:
-            grp.inflight += 1
-            if self.owned and grp.owner is None:
-                grp.owner = sub
-                sub.owned_groups.add(grp.gid)
+    def mark_delayed(self, seq: int, gid: int, due_ms: int, reason: str, journal: bool = True) -> None:
+        """``seq`` may not go before ``due_ms`` (``delaying.mark``)."""
+        delaying.mark(self, seq, gid, due_ms, reason, journal)
 
     def take_outbox(self, sub: Subscription) -> tuple[list[int], list[int]]:
         seqs, deliveries = sub.out_seqs, sub.out_deliveries
@@ -1010,34 +805,6 @@ class Queue:
 
     # ----------------------------------------------------- ending a delivery
 
-    def release(self, seq: int) -> tuple[Lease, int]:
-        """Take ``seq`` out of its lease; free its subscription's credit and group slot."""
-        lease = self.lease_of.pop(seq)
-        lease.live -= 1
-        sub = lease.sub
-        sub.used -= 1
-        if sub.pull:
-            sub.backlog -= 1  # settling a claimed message opens no credit
-        elif sub.waiting_groups:
-            self.credit_opened(sub)
-        m = self.meta[seq]
-        gid = m >> _G_SHIFT
-        if gid:
-            grp = self.groups[gid]
-            grp.inflight -= 1
-            self.group_settled(grp)
-        self.dirty = True
-        return lease, m
-
-    def group_settled(self, grp: Group) -> None:
-        """One of ``grp``'s messages left its holder (settled, returned or expired)."""
-        if grp.inflight == 0 and self.held_while_busy and grp.owner is not None:
-            self.disown(grp)  # holds none of it now: the group's next message may go to anyone
-        if grp.held:
-            self.aside.gen += 1  # its set-aside head may be eligible now
-        elif not self.exclusive and grp.inflight == 0 and grp.has_pending():
-            self.push_ready(grp)
-
     def credit_opened(self, sub: Subscription) -> None:
         """Exclusive groups parked for ``sub``'s credit may go again (and a subscription
         with new credit may be hungry: reclaiming looks again)."""
@@ -1046,7 +813,7 @@ class Queue:
             for gid in sub.waiting_groups:
                 grp = self.groups.get(gid)
                 if grp is not None and grp.has_pending():
-                    self.push_ready(grp)
+                    grouping.push_ready(self, grp)
             sub.waiting_groups.clear()
         self.dirty = True
 
@@ -1076,12 +843,7 @@ class Queue:
         if gid:
             grp = self.groups[gid]
             grp.count -= 1
-            self.maybe_forget_group(grp)
-
-    def maybe_forget_group(self, grp: Group) -> None:
-        if grp.count == 0 and grp.owner is None and grp.inflight == 0 and not grp.has_pending():
-            del self.groups[grp.gid]
-            del self.gid_of[grp.name]
+            grouping.maybe_forget(self, grp)
 
     def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
         """Returns None when acknowledged, else the reason it was refused."""
@@ -1094,7 +856,7 @@ class Queue:
                 self.note_event(R.ACKED, sub.consumer, seq, 0)
                 return None
             return "not-leased"
-        _, m = self.release(seq)
+        _, m = leases.release(self, seq)
         self.finish(seq, m >> _G_SHIFT)
         self.acked += 1
         sub.acked += 1
@@ -1152,9 +914,9 @@ class Queue:
             if gid:  # release() then finish() of a grouped message
                 grp = groups[gid]
                 grp.inflight -= 1
-                self.group_settled(grp)
+                grouping.settled(self, grp)
                 grp.count -= 1
-                self.maybe_forget_group(grp)
+                grouping.maybe_forget(self, grp)
         if done:
             sub.used -= done
             if sub.pull:
@@ -1212,7 +974,7 @@ class Queue:
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"
-        _, m = self.release(seq)
+        _, m = leases.release(self, seq)
         self.cancelled += 1
         if self.at_most_once:
             self.finish(seq, m >> _G_SHIFT)
@@ -1246,57 +1008,15 @@ class Queue:
         lease = self.lease_of.get(seq)
         if lease is None or lease.sub is not sub:
             return "not-leased"
-        _, m = self.release(seq)
+        _, m = leases.release(self, seq)
         self.expire_leased(seq, m, R.REASON_REQUESTED)  # at-most-once too: the holder asks for a dead letter
         return None
-
-    def renew(self, lease: Lease, deadline_ms: int) -> None:
-        """Move what ``lease`` still holds to a new lease ending at ``deadline_ms``."""
-        fresh = Lease(lease.sub, deadline_ms, lease.started_ms)
-        lease_of = self.lease_of
-        for seq in lease.seqs:
-            if lease_of.get(seq) is lease:
-                fresh.seqs.append(seq)
-                lease_of[seq] = fresh
-        fresh.live = len(fresh.seqs)
-        lease.live = 0
-        self.renewed += fresh.live
-        sub = lease.sub
-        if len(sub.leases) > 64:
-            sub.leases = [x for x in sub.leases if x.live]
-        sub.leases.append(fresh)
-        self.lease_clock.add(fresh)
-
-    def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
-        """Move ``seqs`` to a lease ending at ``deadline_ms`` (on a queue with a maximum
-        lease age, not past it); returns those refused. Messages delivered at different
-        times get a lease each: a lease keeps its messages' delivery time."""
-        refused = []
-        max_age = self.settings.max_lease_age_ms
-        fresh: dict[int, Lease] = {}  # delivery time -> the new lease
-        for seq in seqs:
-            old = self.lease_of.get(seq)
-            if old is None or old.sub is not sub:
-                refused.append(seq)
-                continue
-            lease = fresh.get(old.started_ms)
-            if lease is None:
-                end = min(deadline_ms, old.started_ms + max_age) if max_age else deadline_ms
-                lease = fresh[old.started_ms] = Lease(sub, end, old.started_ms)
-            old.live -= 1
-            lease.seqs.append(seq)
-            lease.live += 1
-            self.lease_of[seq] = lease
-        for lease in fresh.values():
-            sub.leases.append(lease)
-            self.lease_clock.add(lease)
-        return refused
 
     def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
         """A lease ends without an answer (expiry, unsubscribe, consumer gone). After a
         lease expiry the retry schedule applies; a consumer that went away (RETURNED)
         says nothing about the message, which goes again at once."""
-        lease, m = self.release(seq)
+        lease, m = leases.release(self, seq)
         consumer = lease.sub.consumer
         self.note_event(kind, consumer, seq, m & _D_MASK)
         if self.at_most_once:
@@ -1320,54 +1040,12 @@ class Queue:
         if now_ms >= 0:
             reason = R.DELAY_REQUESTED
             if delay_ms < 0:
-                delay_ms = self.retry_delay_ms(seq, m & _D_MASK) if self.backoff else 0
+                delay_ms = delaying.retry_delay_ms(self, seq, m & _D_MASK) if self.backoff else 0
                 reason = R.DELAY_BACKOFF
             if delay_ms > 0:
                 self.put_back(seq, m, now_ms + delay_ms, reason)
                 return
         self.put_back(seq, m)
-
-    def retry_delay_ms(self, seq: int, deliveries: int) -> int:
-        """The schedule's wait after delivery ``deliveries`` failed, spread by the
-        jitter. The spread is a hash of (message, delivery), not a random draw: the
-        engine stays deterministic, and retries of many messages still spread out."""
-        steps = self.backoff
-        base = steps[min(max(deliveries, 1), len(steps)) - 1]
-        spread = int(base * self.settings.backoff_jitter)
-        if spread <= 0:
-            return base
-        h = ((seq * 0x9E3779B97F4A7C15) ^ (deliveries * 0xBF58476D1CE4E5B9)) & 0xFFFFFFFF
-        return base - spread + ((h * (2 * spread + 1)) >> 32)
-
-    def mark_delayed(self, seq: int, gid: int, due_ms: int, reason: str, journal: bool = True) -> None:
-        """``seq``, waiting in its place, may not go before ``due_ms``."""
-        self.delays.mark(seq, gid, due_ms)
-        if journal:
-            self.delays_out.append((seq, self.meta.get(seq, 0) & _D_MASK, due_ms, reason))
-        self.dirty = True
-
-    def wake_due(self, now_ms: int) -> None:
-        """Delayed messages whose time came go back to their places."""
-        for seq, gid in self.delays.take_due(now_ms):
-            self.dirty = True
-            if gid:
-                grp = self.groups.get(gid)
-                if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
-                    self.group_became_pending(grp)  # the parked group goes on
-                continue
-            key = self.ranks.get(seq, -1) if self.ordered else seq
-            if key in self.sleeping:  # else still in the fifo (or heap), unreached: it simply goes
-                self.sleeping.discard(key)
-                if self.ordered:
-                    del self.ranks[seq]
-                    if self.heap_oldest is not None and seq < self.heap_oldest:
-                        self.heap_oldest = seq
-                heapq.heappush(self.returned, key)
-
-    def due_of(self, seq: int) -> int | None:
-        """When a delayed message may go (Unix ms), or None."""
-        entry = self.delays.due.get(seq)
-        return entry[0] if entry is not None else None
 
     def put_back(self, seq: int, m: int, due_ms: int = 0, reason: str = "") -> None:
         """Return a message to its original place among the waiting ones (not to go
@@ -1386,7 +1064,7 @@ class Queue:
         self.dirty = True
         gid = m >> _G_SHIFT
         if due_ms > 0:
-            self.mark_delayed(seq, gid, due_ms, reason)
+            delaying.mark(self, seq, gid, due_ms, reason)
             if reason == R.DELAY_BACKOFF:
                 self.retries_delayed += 1
             if not gid:
@@ -1406,11 +1084,11 @@ class Queue:
             self.aside.gone.add(self.key_of(held))
             insort(grp.pending, held, lo=grp.phead)
             if grp.pending[grp.phead] == held:
-                self.group_became_pending(grp)
+                grouping.became_pending(self, grp)
         old_head = grp.pending[grp.phead] if grp.has_pending() else None
         insort(grp.pending, seq, lo=grp.phead)
         if old_head is None or seq < old_head:
-            self.group_became_pending(grp)
+            grouping.became_pending(self, grp)
 
     def expire_leased(self, seq: int, m: int, reason: str) -> None:
         gid = m >> _G_SHIFT
@@ -1468,7 +1146,7 @@ class Queue:
         if parked:
             grp = self.groups.get(parked)
             if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
-                self.group_became_pending(grp)  # dispatch drops the removed head and goes on
+                grouping.became_pending(self, grp)  # dispatch drops the removed head and goes on
         self.depth -= 1
         if seq == self.heap_oldest:
             self.heap_oldest = None
@@ -1497,7 +1175,7 @@ class Queue:
             self.finish(seq, 0)
             grp = self.groups.get(counted)
             if grp is not None:
-                self.maybe_forget_group(grp)
+                grouping.maybe_forget(self, grp)
             return
         self.finish(seq, gid)
 
@@ -1599,7 +1277,7 @@ class Queue:
             lease = lease_of.get(seq)
             if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
                 continue  # that delivery ended meanwhile (settled, expired)
-            _, m = self.release(seq)
+            _, m = leases.release(self, seq)
             self.note_event(R.RECLAIMED, sub.consumer, seq, m & _D_MASK)
             self.reclaims[seq] = self.reclaims.get(seq, 0) + 1
             self.reclaimed += 1
@@ -1633,7 +1311,7 @@ class Queue:
         """Expire leases that ended and messages that grew too old."""
         self.expired_watermark = watermark
         if self.delays.any_due(now_ms):
-            self.wake_due(now_ms)
+            delaying.wake_due(self, now_ms)
         clock = self.lease_clock
         lease = clock.pop_due(now_ms)
         while lease is not None:
@@ -1692,8 +1370,8 @@ class Queue:
                 continue
             grp.owner = None
             if grp.has_pending():
-                self.push_ready(grp)
-            self.maybe_forget_group(grp)
+                grouping.push_ready(self, grp)
+            grouping.maybe_forget(self, grp)
         sub.owned_groups.clear()
         sub.waiting_groups.clear()
         self.dirty = True

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from zq.core import inventory, limits
+from zq.core import grouping, inventory, limits
 from zq.core import records as R
 from zq.core.engine import Engine, Output
 from zq.core.queue import Queue
@@ -450,7 +450,7 @@ class Simulator:
                 head = grp.pending[grp.phead]
                 if head in q.delays.due or head in q.removed or head <= q.expired_watermark:
                     continue
-                if q.group_can_go(grp):
+                if grouping.can_go(q, grp):
                     raise InvariantError(f"{q.name}: group {grp.name} could go (head {head}) but waits while "
                                          f"{sorted(q.delays.due)[:5]} are delayed")
 
