@@ -6,7 +6,7 @@ Replay one failing seed with ``pytest tests/sim --zq-seed=N`` or
 
 import pytest
 
-from zq.core import delaying, grouping, leases
+from zq.core import delaying, grouping, leases, settling
 from zq.core.queue import Queue
 from zq.testing.checkers import InvariantError
 from zq.testing.simulator import Simulator
@@ -150,7 +150,7 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         def renew(q, lease, deadline_ms):
             for seq in list(lease.seqs):
                 if q.lease_of.get(seq) is lease:
-                    q.end_lease_of(seq, R.LEASE_EXPIRED)
+                    settling.end_lease_of(q, seq, R.LEASE_EXPIRED)
 
         monkeypatch.setattr(leases, "renew", renew)
     elif bug == "causes-miss-lease-expiries":
@@ -198,26 +198,26 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     elif bug == "reclaims-count-as-deliveries":
         monkeypatch.setattr(Queue, "counted_deliveries", lambda self, seq, m: m & 0xFFFF)
     elif bug == "fence-ignores-epochs":
-        monkeypatch.setattr(Queue, "fence", lambda self, sub, seqs, epochs: (list(seqs), []))
+        monkeypatch.setattr(settling, "fence", lambda q, sub, seqs, epochs: (list(seqs), []))
     elif bug == "ack-forgets-to-finish":
-        original = Queue.ack
+        original = settling.ack
 
-        def ack(self, sub, seq, now_ms=0):
-            result = original(self, sub, seq, now_ms)
+        def ack(q, sub, seq, now_ms=0):
+            result = original(q, sub, seq, now_ms)
             if result is None and seq % 5 == 0:
-                if self.ordered:
-                    self.ranks[seq] = seq  # what finish() forgot
-                self.put_back(seq, self.meta.get(seq, 0) or 1)  # acked, yet back in the queue
+                if q.ordered:
+                    q.ranks[seq] = seq  # what finish() forgot
+                settling.put_back(q, seq, q.meta.get(seq, 0) or 1)  # acked, yet back in the queue
             return result
 
-        monkeypatch.setattr(Queue, "ack", ack)
+        monkeypatch.setattr(settling, "ack", ack)
     else:
 
-        def end_lease_of(self, seq, kind, now_ms=-1):
-            lease, m = self.release(seq)  # ... and never puts it back
+        def end_lease_of(q, seq, kind, now_ms=-1):
+            lease, m = leases.release(q, seq)  # ... and never puts it back
             return None
 
-        monkeypatch.setattr(Queue, "end_lease_of", end_lease_of)
+        monkeypatch.setattr(settling, "end_lease_of", end_lease_of)
     caught = 0
     for seed in range(1, 13):
         try:

@@ -18,7 +18,7 @@ from array import array
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from zq.core import grouping, leases
+from zq.core import grouping, leases, removal
 from zq.core import records as R
 from zq.core.ordering import SEQ_MASK
 
@@ -121,7 +121,7 @@ class SetAside:
                 seq = key & SEQ_MASK
                 if removed and seq in removed:
                     gone.add(key)
-                    q.drop_removed(seq, gids[i - 1])
+                    removal.drop_removed(q, seq, gids[i - 1])
                     continue
                 gid = gids[i - 1]
                 grp = groups[gid] if gid else None
@@ -220,7 +220,7 @@ class SetAside:
             gone.add(key)
             gid = self.gids[i]
             if seq in q.removed:
-                q.drop_removed(seq, gid)
+                removal.drop_removed(q, seq, gid)
                 continue
             if gid and q.groups[gid].held == seq:
                 grp = q.groups[gid]

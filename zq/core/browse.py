@@ -10,6 +10,8 @@ from array import array
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
+from zq.core import removal
+
 if TYPE_CHECKING:
     from zq.core.queue import Queue, Subscription
 
@@ -50,7 +52,7 @@ def compact_removed(q: Queue) -> None:
     removed = q.removed
     for seq in q.fifo[q.head:]:
         if seq in removed:
-            q.drop_removed(seq, 0)
+            removal.drop_removed(q, seq, 0)
         else:
             live.append(seq)
     q.fifo, q.head = live, 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from zq.core import grouping, leases, limits
+from zq.core import grouping, leases, limits, removal, settling
 from zq.core import records as R
 from zq.core.ordering import SEQ_MASK
 
@@ -40,7 +40,7 @@ def expire_lease(q: Queue, lease: Lease, now_ms: int) -> None:
         return
     for seq in lease.seqs:
         if q.lease_of.get(seq) is lease:
-            q.end_lease_of(seq, R.LEASE_EXPIRED, now_ms)
+            settling.end_lease_of(q, seq, R.LEASE_EXPIRED, now_ms)
 
 
 def expire_old(q: Queue, watermark: int, now_ms: int) -> None:
@@ -55,14 +55,14 @@ def expire_old(q: Queue, watermark: int, now_ms: int) -> None:
         gid = q.fifo_gid[q.head] if q.grouped else 0
         q.head += 1
         if seq in q.removed:
-            q.drop_removed(seq, gid)
+            removal.drop_removed(q, seq, gid)
             continue
         q.depth -= 1
         q.expire_waiting(seq, gid, R.REASON_EXPIRED)
     while not q.ordered and q.returned and q.returned[0] <= watermark:
         seq = heapq.heappop(q.returned)
         if seq in q.removed:
-            q.drop_removed(seq, 0)
+            removal.drop_removed(q, seq, 0)
             continue
         q.depth -= 1
         q.expire_waiting(seq, 0, R.REASON_EXPIRED)
@@ -87,7 +87,7 @@ def expire_old(q: Queue, watermark: int, now_ms: int) -> None:
             grp.phead += 1
             popped = True
             if seq in q.removed:
-                q.drop_removed(seq, grp.gid)
+                removal.drop_removed(q, seq, grp.gid)
                 continue
             q.depth -= 1
             q.expire_waiting(seq, grp.gid, R.REASON_EXPIRED)
@@ -111,7 +111,7 @@ def expire_heap(q: Queue, watermark: int) -> None:
         if seq > watermark:
             keep.append(key)
         elif seq in q.removed:
-            q.drop_removed(seq, 0)
+            removal.drop_removed(q, seq, 0)
         else:
             q.depth -= 1
             q.expire_waiting(seq, 0, R.REASON_EXPIRED)

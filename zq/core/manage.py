@@ -20,7 +20,7 @@ from mypy_extensions import trait
 
 import msgspec
 
-from zq.core import expr, inventory, leases, limits
+from zq.core import expr, inventory, leases, limits, removal
 from zq.core import records as R
 from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
 from zq.core.settings import QueueSettings, check_topic, covers_topic
@@ -142,7 +142,7 @@ class ManagementMixin:
                 _, m = leases.release(q, seq)
                 q.finish(seq, m >> 32)
                 q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
-            elif q.remove_available(seq, known_waiting=True, gid=gid):
+            elif removal.remove_available(q, seq, known_waiting=True, gid=gid):
                 q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
             else:
                 continue

@@ -68,7 +68,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from zq.core import browse, choosing, delaying, expiry, grouping, inventory, leases, limits
+from zq.core import browse, choosing, delaying, expiry, grouping, inventory, leases, limits, removal, settling
 from zq.core import records as R
 from zq.core.aside import SetAside
 from zq.core.errors import LimitError
@@ -549,7 +549,7 @@ class Queue:
         removed = self.removed
         if removed and seq in removed:
             self.head += 1
-            self.drop_removed(seq, gid)
+            removal.drop_removed(self, seq, gid)
             return _GO_ON
         if seq <= self.expired_watermark:
             self.head += 1
@@ -615,7 +615,7 @@ class Queue:
             self.heap_oldest = None
         if not live:
             if seq in removed:
-                self.drop_removed(seq, 0)
+                removal.drop_removed(self, seq, 0)
             else:
                 self.depth -= 1
                 self.expire_waiting(seq, 0, R.REASON_EXPIRED)
@@ -641,7 +641,7 @@ class Queue:
             heapq.heappop(ready)
             grouping.pop_head(self, grp)
             if seq in self.removed:
-                self.drop_removed(seq, gid)
+                removal.drop_removed(self, seq, gid)
             else:
                 self.depth -= 1
                 self.expire_waiting(seq, gid, R.REASON_EXPIRED)
@@ -718,6 +718,31 @@ class Queue:
         """``seq`` may not go before ``due_ms`` (``delaying.mark``)."""
         delaying.mark(self, seq, gid, due_ms, reason, journal)
 
+    def remove_available(self, seq: int, known_waiting: bool = False, gid: int = 0) -> bool:
+        """Take a waiting message out (``removal.remove_available``); False if it is not waiting."""
+        return removal.remove_available(self, seq, known_waiting, gid)
+
+    # Settles: the engine's ways in (zq.core.settling holds what they do).
+
+    def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
+        return settling.ack(self, sub, seq, now_ms)
+
+    def ack_many(self, sub: Subscription, seqs: list[int], now_ms: int = 0, epochs: list[int] | None = None,
+                 stale: list[int] | None = None) -> list[int]:
+        return settling.ack_many(self, sub, seqs, now_ms, epochs, stale)
+
+    def cancel(self, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: int = -1, error: str = "") -> str | None:
+        return settling.cancel(self, sub, seq, now_ms, delay_ms, error)
+
+    def expire_request(self, sub: Subscription, seq: int) -> str | None:
+        return settling.expire_request(self, sub, seq)
+
+    def fence(self, sub: Subscription, seqs: list[int], epochs: list[int]) -> tuple[list[int], list[int]]:
+        return settling.fence(self, sub, seqs, epochs)
+
+    def settle_result(self, seq: int, next_seq: int) -> str:
+        return settling.settle_result(self, seq, next_seq)
+
     def take_outbox(self, sub: Subscription) -> tuple[list[int], list[int]]:
         seqs, deliveries = sub.out_seqs, sub.out_deliveries
         sub.out_seqs, sub.out_deliveries = [], []
@@ -765,9 +790,9 @@ class Queue:
     def make_room(self) -> None:
         """overflow = "ring": drop the oldest available messages until under the limits."""
         while self.over_limit() and self.depth:
-            self.drop_removed_front()
+            removal.drop_removed_front(self)
             seq = inventory.oldest_waiting(self)
-            if seq is None or not self.remove_available(seq):
+            if seq is None or not removal.remove_available(self, seq):
                 return
             self.dropped += 1
             self.expired += 1
@@ -781,27 +806,9 @@ class Queue:
         old = self.lvq.get(key)
         self.lvq[key] = seq
         self.lvq_key_of[seq] = key
-        if old is not None and old not in self.lease_of and self.remove_available(old):
+        if old is not None and old not in self.lease_of and removal.remove_available(self, old):
             self.replaced += 1
             self.expired_out.append((old, R.REASON_REPLACED, self.deliveries_of(old), self.group_name_of(old)))
-
-    def drop_removed_front(self) -> None:
-        """Finish removed messages at the front of the fifo and the returned heap, so the
-        oldest waiting message there is a live one."""
-        removed = self.removed
-        if not removed:
-            return
-        fifo = self.fifo
-        while self.head < len(fifo) and fifo[self.head] in removed:
-            gid = self.fifo_gid[self.head] if self.grouped else 0
-            seq = fifo[self.head]
-            self.head += 1
-            self.drop_removed(seq, gid)
-        while self.returned and self.returned[0] & SEQ_MASK in removed:
-            seq = heapq.heappop(self.returned) & SEQ_MASK
-            if seq == self.heap_oldest:
-                self.heap_oldest = None
-            self.drop_removed(seq, 0)
 
     # ----------------------------------------------------- ending a delivery
 
@@ -845,257 +852,12 @@ class Queue:
             grp.count -= 1
             grouping.maybe_forget(self, grp)
 
-    def ack(self, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
-        """Returns None when acknowledged, else the reason it was refused."""
-        if self.browse:
-            return browse.settle(self, sub, seq)
-        lease = self.lease_of.get(seq)
-        if lease is None or lease.sub is not sub:
-            if lease is None and self.settings.allow_ack_unleased and self.remove_available(seq):
-                self.acked += 1
-                self.note_event(R.ACKED, sub.consumer, seq, 0)
-                return None
-            return "not-leased"
-        _, m = leases.release(self, seq)
-        self.finish(seq, m >> _G_SHIFT)
-        self.acked += 1
-        sub.acked += 1
-        sub.busy_ms += now_ms - lease.started_ms if now_ms else 0
-        self.note_event(R.ACKED, sub.consumer, seq, m & _D_MASK)
-        return None
-
-    def ack_many(self, sub: Subscription, seqs: list[int], now_ms: int = 0, epochs: list[int] | None = None,
-                 stale: list[int] | None = None) -> list[int]:
-        """Acknowledge a batch; returns the seqs refused (see ``ack`` for the reasons).
-        ``epochs`` (fenced acks): a seq leased to ``sub`` under another delivery count
-        is not acked but added to ``stale`` (``fence``); checked in the same pass.
-
-        Acks are a third of the engine's per-message work, so on a queue with no ranks,
-        sizes or last-value keys (nothing else to update on the way out) a leased
-        message takes ``release`` + ``finish`` + ``note_event`` inline, as a batch; a
-        seq not leased by ``sub`` goes through ``ack`` (the refusal, or
-        ``allow_ack_unleased``). Waiting groups of ``sub`` are offered its freed credit
-        once, after the batch: ``ready`` is a heap, so the order of pushes is moot."""
-        if self.browse or self.ordered or self.sizes is not None or self.lvq_key_of:
-            if epochs:
-                seqs, fenced_off = self.fence(sub, seqs, epochs)
-                if stale is not None:
-                    stale.extend(fenced_off)
-            return [seq for seq in seqs if self.ack(sub, seq, now_ms) is not None]
-        lease_of, meta, groups = self.lease_of, self.meta, self.groups
-        fenced = bool(epochs)
-        events = self.events_out.get((R.ACKED, sub.consumer, ""))
-        if events is None:
-            events = self.events_out[(R.ACKED, sub.consumer, "")] = []
-        refused: list[int] = []
-        done = busy = 0
-        for i, seq in enumerate(seqs):
-            lease = lease_of.get(seq)
-            if lease is None or lease.sub is not sub:
-                if self.ack(sub, seq, now_ms) is not None:
-                    refused.append(seq)
-                continue
-            m = meta.pop(seq)
-            if fenced and m & _D_MASK != epochs[i]:  # type: ignore[index]
-                meta[seq] = m  # leased to us again since: that delivery is not this one
-                if stale is not None:
-                    stale.append(seq)
-                continue
-            del lease_of[seq]
-            lease.live -= 1
-            if self.ledger.open:
-                self.ledger.open.pop(seq, None)
-            if self.reclaims:
-                self.reclaims.pop(seq, None)
-            busy += now_ms - lease.started_ms
-            events.append((seq, m & _D_MASK))
-            done += 1
-            gid = m >> _G_SHIFT
-            if gid:  # release() then finish() of a grouped message
-                grp = groups[gid]
-                grp.inflight -= 1
-                grouping.settled(self, grp)
-                grp.count -= 1
-                grouping.maybe_forget(self, grp)
-        if done:
-            sub.used -= done
-            if sub.pull:
-                sub.backlog -= done  # settling a claimed message opens no credit
-            elif sub.waiting_groups:
-                self.credit_opened(sub)
-            self.acked += done
-            sub.acked += done
-            if now_ms:
-                sub.busy_ms += busy
-            self.dirty = True
-        elif not events:
-            del self.events_out[(R.ACKED, sub.consumer, "")]  # nothing acked: no empty event
-        return refused
-
-    def fence(self, sub: Subscription, seqs: list[int], epochs: list[int]) -> tuple[list[int], list[int]]:
-        """Fenced settles: split ``seqs`` into those to apply and those whose delivery
-        (``epochs``: the delivery count each was delivered with) is no longer the live
-        one: leased to ``sub`` again since, under a newer count. A seq not leased to
-        ``sub`` at all is left to the settle itself, which refuses it."""
-        lease_of, meta = self.lease_of, self.meta
-        live: list[int] = []
-        stale: list[int] = []
-        for seq, epoch in zip(seqs, epochs):
-            lease = lease_of.get(seq)
-            if lease is not None and lease.sub is sub and meta[seq] & _D_MASK != epoch:
-                stale.append(seq)
-            else:
-                live.append(seq)
-        return live, stale
-
-    def settle_result(self, seq: int, next_seq: int) -> str:
-        """Why a settle of ``seq`` was not applied (cheap: a hostile batch of bookmarks
-        costs a dict lookup each): ``lost`` -- the message is still here and has been
-        delivered (another delivery is live, or it waits to go again); ``done`` -- it has
-        no live delivery count here: finished (acked, expired, dead-lettered), or never
-        delivered by this queue; ``dead`` -- it left this queue unacknowledged after
-        being delivered (dead-lettered, or dropped, expired or replaced), recently
-        (``limits.DEAD_REMEMBERED`` per queue, while the dispatcher runs);
-        ``unknown`` -- no such bookmark was ever given out."""
-        if seq in self.meta:
-            return "lost"
-        if seq in self.dead_recent:
-            return "dead"
-        if 0 < seq < next_seq:
-            return "done"
-        return "unknown"
-
-    def cancel(self, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: int = -1, error: str = "") -> str | None:
-        """Cancel (nack) a delivery: the message goes again after the queue's retry
-        schedule, or after ``delay_ms`` when the cancel names one (0: at once). With
-        ``error`` the delivery *failed*: counted as such, and kept as the last error."""
-        if self.browse:
-            return browse.settle(self, sub, seq)
-        lease = self.lease_of.get(seq)
-        if lease is None or lease.sub is not sub:
-            return "not-leased"
-        _, m = leases.release(self, seq)
-        self.cancelled += 1
-        if self.at_most_once:
-            self.finish(seq, m >> _G_SHIFT)
-            self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)
-            return None
-        m += _C_ONE
-        self.meta[seq] = m
-        self.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)  # the reason of a failure: its error
-        over = self.note_cause(seq, R.CANCELLED, sub.consumer, now_ms, error)
-        if error:
-            self.last_holder[seq] = sub.consumer  # failed here: anyone else first (popped if it leaves)
-        max_cancels = self.settings.max_cancels
-        if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
-            self.expire_leased(seq, m, R.REASON_MAX_CANCELS)
-        elif over:
-            self.expire_leased(seq, m, over)
-        else:
-            self.come_back(seq, m, now_ms, delay_ms)
-        return None
-
     def note_cause(self, seq: int, kind: str, consumer: str, now_ms: int, error: str = "") -> str:
         """Count why a delivery of ``seq`` ended unfinished (``CauseLedger.note``)."""
         return self.ledger.note(seq, kind, consumer, now_ms, error)
 
     def causes_of(self, seq: int) -> Causes | None:
         return self.ledger.open.get(seq)
-
-    def expire_request(self, sub: Subscription, seq: int) -> str | None:
-        if self.browse:
-            return browse.settle(self, sub, seq)  # browsers do not remove messages
-        lease = self.lease_of.get(seq)
-        if lease is None or lease.sub is not sub:
-            return "not-leased"
-        _, m = leases.release(self, seq)
-        self.expire_leased(seq, m, R.REASON_REQUESTED)  # at-most-once too: the holder asks for a dead letter
-        return None
-
-    def end_lease_of(self, seq: int, kind: str, now_ms: int = -1) -> None:
-        """A lease ends without an answer (expiry, unsubscribe, consumer gone). After a
-        lease expiry the retry schedule applies; a consumer that went away (RETURNED)
-        says nothing about the message, which goes again at once."""
-        lease, m = leases.release(self, seq)
-        consumer = lease.sub.consumer
-        self.note_event(kind, consumer, seq, m & _D_MASK)
-        if self.at_most_once:
-            self.finish(seq, m >> _G_SHIFT)
-            return
-        over = self.note_cause(seq, kind, consumer, max(now_ms, 0))
-        if over:
-            self.expire_leased(seq, m, over)
-            return
-        if kind == R.LEASE_EXPIRED:
-            self.last_holder[seq] = consumer  # stuck there, maybe: anyone else first
-        self.come_back(seq, m, now_ms, -1 if kind == R.LEASE_EXPIRED else 0)
-
-    def come_back(self, seq: int, m: int, now_ms: int = -1, delay_ms: int = -1) -> None:
-        """A delivery ended unfinished: expire if out of deliveries, else wait again:
-        at once, or (with ``now_ms`` >= 0) after ``delay_ms`` or the queue's retry schedule."""
-        max_deliveries = self.settings.max_deliveries
-        if max_deliveries and self.counted_deliveries(seq, m) >= max_deliveries:
-            self.expire_leased(seq, m, R.REASON_MAX_DELIVERIES)
-            return
-        if now_ms >= 0:
-            reason = R.DELAY_REQUESTED
-            if delay_ms < 0:
-                delay_ms = delaying.retry_delay_ms(self, seq, m & _D_MASK) if self.backoff else 0
-                reason = R.DELAY_BACKOFF
-            if delay_ms > 0:
-                self.put_back(seq, m, now_ms + delay_ms, reason)
-                return
-        self.put_back(seq, m)
-
-    def put_back(self, seq: int, m: int, due_ms: int = 0, reason: str = "") -> None:
-        """Return a message to its original place among the waiting ones (not to go
-        before ``due_ms``, when given)."""
-        if seq <= self.expired_watermark:
-            self.expire_leased(seq, m, R.REASON_EXPIRED)
-            return
-        if self.lvq_key_of:
-            key = self.lvq_key_of.get(seq)
-            if key is not None and self.lvq.get(key) != seq:  # a newer value came while it was out
-                self.replaced += 1
-                self.expire_leased(seq, m, R.REASON_REPLACED)
-                self.expired -= 1  # counted as replaced, not expired
-                return
-        self.depth += 1
-        self.dirty = True
-        gid = m >> _G_SHIFT
-        if due_ms > 0:
-            delaying.mark(self, seq, gid, due_ms, reason)
-            if reason == R.DELAY_BACKOFF:
-                self.retries_delayed += 1
-            if not gid:
-                self.sleeping.add(self.ranks[seq] if self.ordered else seq)  # ranks keeps it: outside the heap
-                return
-        if not gid:
-            if self.ordered:
-                heapq.heappush(self.returned, self.ranks.pop(seq))
-                if self.heap_oldest is not None and seq < self.heap_oldest:
-                    self.heap_oldest = seq
-            else:
-                heapq.heappush(self.returned, seq)
-            return
-        grp = self.groups[gid]
-        if grp.held and grp.held > seq:
-            held, grp.held = grp.held, 0
-            self.aside.gone.add(self.key_of(held))
-            insort(grp.pending, held, lo=grp.phead)
-            if grp.pending[grp.phead] == held:
-                grouping.became_pending(self, grp)
-        old_head = grp.pending[grp.phead] if grp.has_pending() else None
-        insort(grp.pending, seq, lo=grp.phead)
-        if old_head is None or seq < old_head:
-            grouping.became_pending(self, grp)
-
-    def expire_leased(self, seq: int, m: int, reason: str) -> None:
-        gid = m >> _G_SHIFT
-        name = self.groups[gid].name if gid else None
-        self.finish(seq, gid)
-        self.expired_out.append((seq, reason, m & _D_MASK, name))
-        self.expired += 1
 
     def remember_dead(self, seq: int) -> None:
         """``seq`` left unacknowledged after a delivery: a late settle answers ``dead``."""
@@ -1113,71 +875,6 @@ class Queue:
         self.finish(seq, gid)  # (a delayed one is no longer)
         self.expired_out.append((seq, reason, m & _D_MASK, name))
         self.expired += 1
-
-    def remove_available(self, seq: int, known_waiting: bool = False, gid: int = 0) -> bool:
-        """Mark a waiting message removed (it is skipped when reached).
-
-        ``known_waiting``: the caller knows ``seq`` waits in this queue, which spares an
-        ordered queue a scan of its heap. ``gid``: its group, when the caller knows it
-        (``waiting_between``): the group stops counting it now, not when it is reached, so
-        ``groups`` and ``zq top`` agree with a purge at once."""
-        if seq in self.removed or seq in self.lease_of:
-            return False
-        parked = 0  # the group this message parks (as its delayed head), to go on without it
-        if self.delays.due and seq in self.delays.due:
-            _, parked = self.delays.due.pop(seq)
-            asleep = self.ranks.get(seq, -1) if self.ordered else seq
-            if asleep in self.sleeping:
-                self.sleeping.discard(asleep)
-                self.depth -= 1
-                self.finish(seq, 0)
-                self.dirty = True
-                return True
-            known_waiting = True
-        if not known_waiting and not self.is_waiting(seq):
-            return False
-        key = self.ranks.get(seq) if self.ordered else seq
-        if key is not None and self.aside.take_out(seq, key):
-            return True
-        self.removed.add(seq)
-        if gid and gid in self.groups:
-            self.groups[gid].count -= 1
-            self.removed_gid[seq] = gid
-        if parked:
-            grp = self.groups.get(parked)
-            if grp is not None and grp.has_pending() and grp.pending[grp.phead] == seq:
-                grouping.became_pending(self, grp)  # dispatch drops the removed head and goes on
-        self.depth -= 1
-        if seq == self.heap_oldest:
-            self.heap_oldest = None
-        if self.sizes is not None:
-            self.bytes -= self.sizes.pop(seq, 0)  # now, not when its removal is reached
-        return True
-
-    def is_waiting(self, seq: int) -> bool:
-        if self.ordered:  # parked, set aside, asleep or leased (the caller excludes leased), or in the heap
-            return seq in self.ranks or any(k & SEQ_MASK == seq for k in self.returned)
-        if seq in self.sleeping:
-            return True
-        i = bisect_left(self.fifo, seq, lo=self.head)
-        if i < len(self.fifo) and self.fifo[i] == seq:
-            return True
-        if seq in self.returned:
-            return True
-        if self.aside.index_of(seq) >= 0:
-            return True
-        return any(seq in g.pending[g.phead:] for g in self.groups.values() if g.has_pending())
-
-    def drop_removed(self, seq: int, gid: int) -> None:
-        self.removed.discard(seq)
-        counted = self.removed_gid.pop(seq, 0) if self.removed_gid else 0
-        if counted:  # its group stopped counting it when it was removed
-            self.finish(seq, 0)
-            grp = self.groups.get(counted)
-            if grp is not None:
-                grouping.maybe_forget(self, grp)
-            return
-        self.finish(seq, gid)
 
     def note_event(self, kind: str, consumer: str, seq: int, deliveries: int, reason: str = "") -> None:
         key = (kind, consumer, reason)
@@ -1281,7 +978,7 @@ class Queue:
             self.note_event(R.RECLAIMED, sub.consumer, seq, m & _D_MASK)
             self.reclaims[seq] = self.reclaims.get(seq, 0) + 1
             self.reclaimed += 1
-            self.put_back(seq, m)
+            settling.put_back(self, seq, m)
             back.append(seq)
         for seq, epoch in zip(kept, kept_epochs):
             if sub.revoking.get(seq) == epoch:  # (an answer about an older delivery is not about this one)
@@ -1362,7 +1059,7 @@ class Queue:
             if lease.live:
                 for seq in lease.seqs:
                     if self.lease_of.get(seq) is lease:
-                        self.end_lease_of(seq, R.RETURNED, now_ms)
+                        settling.end_lease_of(self, seq, R.RETURNED, now_ms)
         sub.leases = []
         for gid in sub.owned_groups:
             grp = self.groups.get(gid)
