@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 
-from zq.core import QueueSettings, browse, choosing, expiry, inventory, limits
+from zq.core import QueueSettings, browse, choosing, delaying, expiry, grouping, inventory, leases, limits, removal, settling
 from zq.core.delaying import DelayTimer
 from zq.core.leases import Lease, LeaseClock
 from zq.core.queue import Queue, Subscription
@@ -251,3 +251,107 @@ def test_the_inventory_reads_every_place_in_order_and_the_recovery_point_counts_
     assert inventory.compute_recovery_point(q, 5) == 1  # leased 1 is still in the queue
     assert inventory.oldest_waiting(q) == 2
     assert inventory.group_summary(q)["in_flight"] == 1
+
+
+def test_a_sequenced_group_waits_for_its_full_holder_and_goes_on_when_it_settles():
+    q = queue()
+    a, b = subscribe(q, "a", 1), subscribe(q, "b", 5)
+    gid = q.group_id("g")
+    for seq in (1, 2, 3):
+        q.enqueue(seq, gid)
+    q.dispatch(0)
+    assert taken(a) == [1] and taken(b) == []  # b has credit, but the group is a's while a holds some
+    assert q.groups[gid].owner is a and not grouping.can_go(q, q.groups[gid])
+    assert gid in a.waiting_groups  # parked for a's credit
+    assert q.ack(a, 1) is None
+    assert q.groups[gid].owner is None  # holds none of it now: the group may go to anyone
+    q.dispatch(0)
+    assert taken(a) + taken(b) == [2]  # its next goes to a new holder, and 3 waits behind it again
+
+
+def test_a_group_with_nothing_left_is_forgotten():
+    q = queue()
+    sub = subscribe(q, "s", 5)
+    gid = q.group_id("g")
+    q.enqueue(1, gid)
+    q.dispatch(0)
+    assert taken(sub) == [1]
+    assert q.ack(sub, 1) is None
+    assert gid not in q.groups and "g" not in q.gid_of
+
+
+def test_a_lease_counts_each_delivery_and_release_gives_the_credit_back():
+    q = queue()
+    sub = subscribe(q, "s", 2)
+    q.enqueue(1, 0)
+    q.dispatch(0)
+    assert q.take_outbox(sub) == ([1], [1])
+    assert sub.used == 1 and q.lease_of[1].deadline_ms == 1_000
+    lease, m = leases.release(q, 1)
+    assert sub.used == 0 and 1 not in q.lease_of and m & 0xFFFF == 1
+    settling.put_back(q, 1, m)
+    q.dispatch(5)
+    assert q.take_outbox(sub) == ([1], [2])  # delivered again: its count is the new delivery's epoch
+
+
+def test_extend_moves_only_the_holders_messages_and_not_past_the_maximum_age():
+    q = queue(max_lease_age_ms=5_000)
+    a, b = subscribe(q, "a", 1), subscribe(q, "b", 1)
+    for seq in (1, 2):
+        q.enqueue(seq, 0)
+    q.dispatch(100)
+    mine = taken(a)[0]
+    theirs = 3 - mine
+    assert leases.extend(q, a, [mine, theirs, 99], 60_000) == [theirs, 99]
+    assert q.lease_of[mine].deadline_ms == 100 + 5_000
+
+
+def test_the_retry_schedule_is_deterministic_and_spread_within_the_jitter():
+    q = queue(backoff_ms=[1_000, 4_000], backoff_jitter=0.1)
+    waits = [delaying.retry_delay_ms(q, seq, 1) for seq in range(1, 500)]
+    assert min(waits) >= 900 and max(waits) <= 1_100 and len(set(waits)) > 50
+    assert delaying.retry_delay_ms(q, 7, 9) == delaying.retry_delay_ms(q, 7, 9) and 3_600 <= delaying.retry_delay_ms(q, 7, 9) <= 4_400
+
+
+def test_a_delayed_message_sleeps_and_wakes_at_its_time_in_its_place():
+    q = queue()
+    sub = subscribe(q, "s", 5)
+    q.enqueue(1, 0)
+    q.enqueue(2, 0)
+    delaying.mark(q, 1, 0, 500, "requested")
+    q.dispatch(0)
+    assert taken(sub) == [2] and delaying.due_of(q, 1) == 500
+    delaying.wake_due(q, 499)
+    q.dispatch(499)
+    assert taken(sub) == []
+    delaying.wake_due(q, 500)
+    q.dispatch(500)
+    assert taken(sub) == [1] and delaying.due_of(q, 1) is None
+
+
+def test_a_settle_of_a_delivery_no_longer_live_is_fenced_off_and_answered_lost():
+    q = queue()
+    sub = subscribe(q, "s", 5)
+    q.enqueue(1, 0)
+    q.dispatch(0)
+    taken(sub)
+    assert settling.cancel(q, sub, 1, now_ms=0, delay_ms=0) is None
+    q.dispatch(0)
+    taken(sub)  # delivery 2 is live now
+    stale: list[int] = []
+    assert settling.ack_many(q, sub, [1], epochs=[1], stale=stale) == [] and stale == [1]
+    assert settling.settle_result(q, 1, 2) == "lost"
+    assert settling.ack_many(q, sub, [1], epochs=[2]) == []
+    assert settling.settle_result(q, 1, 2) == "done" and settling.settle_result(q, 5, 2) == "unknown"
+
+
+def test_a_removed_message_stops_counting_at_once_and_is_dropped_when_reached():
+    q = queue()
+    sub = subscribe(q, "s", 5)
+    gid = q.group_id("g")
+    for seq, g in ((1, 0), (2, gid), (3, 0)):
+        q.enqueue(seq, g)
+    assert removal.remove_available(q, 2, gid=gid) and not removal.remove_available(q, 2)
+    assert q.depth == 2 and q.groups[gid].count == 0 and removal.is_waiting(q, 3)
+    q.dispatch(0)
+    assert taken(sub) == [1, 3] and q.removed == set() and gid not in q.groups
