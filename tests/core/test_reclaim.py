@@ -216,7 +216,7 @@ def test_a_message_is_taken_back_a_bounded_number_of_times():
         h.engine.unsubscribe(f"s{i}", h.now)
         assert h.drain() == {"a": [m3]}
     q = h.engine.queues["jobs"]
-    assert q.reclaims[m3] == limits.RECLAIMS_PER_MESSAGE_MAX
+    assert q.reclaiming.given[m3] == limits.RECLAIMS_PER_MESSAGE_MAX
     assert q.counted_deliveries(m3, q.meta[m3]) == 1 + limits.RECLAIMS_PER_MESSAGE_MAX  # the newcomers' count
     h.sub("last", "jobs", 1)
     h.drain()
@@ -236,7 +236,7 @@ def test_recovery_keeps_the_account_of_reclaims_and_counts_no_consumer_gone_for_
     h.commit_to(j)  # a2 leased to b (delivery 2)
     engine = recover_engine(j, [settings])  # the dispatcher died with a1 at a and a2 at b
     q = engine.queues["jobs"]
-    assert q.reclaims == {a2: 1}
+    assert q.reclaiming.given == {a2: 1}
     c = q.causes_of(a2)
     assert (c.consumer_gone, c.cancelled) == (1, 0)  # the crash cut delivery 2; delivery 1 was given back
     assert q.counted_deliveries(a2, q.meta[a2]) == 1
@@ -259,7 +259,7 @@ def test_a_holder_that_leaves_with_a_revoke_unanswered_returns_everything_as_bef
     h.engine.disconnect("a", h.now)
     got = h.drain()
     assert sorted(got["b"]) == seqs[:4]
-    assert h.engine.queues["jobs"].reclaimed == 0
+    assert h.engine.queues["jobs"].reclaiming.reclaimed == 0
 
 
 def test_explain_says_a_delivery_was_asked_back():

@@ -8,6 +8,7 @@ import pytest
 
 from zq.core import delaying, grouping, leases, settling
 from zq.core.queue import Queue
+from zq.core.reclaim import Reclaimer
 from zq.testing.checkers import InvariantError
 from zq.testing.simulator import Simulator
 
@@ -164,8 +165,8 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
 
         monkeypatch.setattr(FairShare, "tenant", lambda self, headers: "")
     elif bug == "reclaim-takes-started-work":  # the holder's "kept" ignored: started work taken back too
-        original_reclaim = Queue.reclaim
-        monkeypatch.setattr(Queue, "reclaim", lambda self, sub, seqs, epochs, kept, kept_epochs: original_reclaim(
+        original_reclaim = Reclaimer.take_back
+        monkeypatch.setattr(Reclaimer, "take_back", lambda self, sub, seqs, epochs, kept, kept_epochs: original_reclaim(
             self, sub, seqs + kept, epochs + kept_epochs, [], []))
     elif bug == "poison-let-in":  # a message the queue cannot evaluate enters anyway, at level 0
         monkeypatch.setattr(Queue, "judge", lambda self, seq, headers, payload, topic: (0, None))
@@ -194,7 +195,7 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
 
         monkeypatch.setattr(Engine, "schedule", lambda self, q: None)
     elif bug == "reclaim-never-asks":
-        monkeypatch.setattr(Queue, "plan_revokes", lambda self: [])
+        monkeypatch.setattr(Reclaimer, "plan", lambda self: [])
     elif bug == "reclaims-count-as-deliveries":
         monkeypatch.setattr(Queue, "counted_deliveries", lambda self, seq, m: m & 0xFFFF)
     elif bug == "fence-ignores-epochs":

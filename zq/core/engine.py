@@ -862,7 +862,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
             raise ProtocolError(f"subscription {sub_id.rpartition('/')[2]!r} is not reclaimable")
         if len(epochs) != len(seqs) or len(kept_epochs) != len(kept):
             raise ProtocolError(f"{len(epochs)} epochs for {len(seqs)} bookmarks, {len(kept_epochs)} for {len(kept)} kept")
-        return len(sub.queue.reclaim(sub, seqs, epochs, kept, kept_epochs))
+        return len(sub.queue.reclaiming.take_back(sub, seqs, epochs, kept, kept_epochs))
 
     def cancel(self, sub_id: str, seqs: Iterable[int], now_ms: int, delay_ms: int = -1, error: str = "") -> list[int]:
         """Cancel deliveries: each message goes again after the queue's retry schedule,
@@ -977,8 +977,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                         q.out_of_budget = True  # (its turn comes at the next step)
                     if q.out_of_budget:
                         self.dispatch_deferred += 1
-                if q.holding:  # reclaimed messages were offered to the others: their holders may take more
-                    q.end_hold()
+                if q.reclaiming.holding:  # reclaimed messages were offered to the others: their holders may take more
+                    q.reclaiming.end_hold()
                 self.flush_events(q)  # causes (cancelled, returned) before their expiries
                 if q.expired_out:
                     self.flush_expired(q)
@@ -992,13 +992,13 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 break
         touched = self.visiting()
         for q in touched:
-            if q.reclaimers:
+            if q.reclaiming.subs:
                 self.plan_revokes(q)
             self.flush_events(q)
             if q.ledger.done:  # its dead letters, which read it, are published by now
                 q.ledger.done = {}
-            if q.reclaims_done:
-                q.reclaims_done = {}
+            if q.reclaiming.done:
+                q.reclaiming.done = {}
         sending = [sub for q in touched for sub in q.subs if sub.out_seqs or sub.barrier_out]
         if len(sending) > 1:
             sending.sort(key=sub_ordinal_of)  # in the order they subscribed, across queues
@@ -1054,14 +1054,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
     def plan_revokes(self, q: Queue) -> None:
         """Reclaiming: ask holders for unstarted work a hungry subscription could do. The
         decision runs only when the queue's counters moved since one that found nothing."""
-        key = (q.delivered, q.acked, q.cancelled, q.expired, q.ledger.lease_expiries, q.ledger.consumers_gone, q.reclaimed,
+        key = (q.delivered, q.acked, q.cancelled, q.expired, q.ledger.lease_expiries, q.ledger.consumers_gone, q.reclaiming.reclaimed,
                len(q.subs))
-        if key == q.reclaim_seen:
+        if key == q.reclaiming.seen:
             return
-        plan = q.plan_revokes()
+        plan = q.reclaiming.plan()
         if not plan:
             if not any(s.revoking for s in q.subs):
-                q.reclaim_seen = key
+                q.reclaiming.seen = key
             return
         for sub, seqs, epochs in plan:
             self.revokes.append(Revoke(sub.sub_id, q.name, seqs, epochs))
@@ -1119,7 +1119,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 headers["zq.consumer"] = causes.last_consumer
         if error:  # poison: why its content could not be evaluated
             headers["zq.error"] = error
-        reclaimed = q.reclaims_done.get(seq) or q.reclaims.get(seq)
+        reclaimed = q.reclaiming.done.get(seq) or q.reclaiming.given.get(seq)
         if reclaimed:  # given back unstarted this often (not counted in zq.deliveries' limit)
             headers["zq.reclaimed"] = str(reclaimed)
         queues = self.route_or_create(target, dead_letter=False, strict=False)
@@ -1249,8 +1249,8 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "failed": q.ledger.failed,
                 "lease_expiries": q.ledger.lease_expiries,
                 "consumers_gone": q.ledger.consumers_gone,
-                "revoked": q.revoked,
-                "reclaimed": q.reclaimed,
+                "revoked": q.reclaiming.revoked,
+                "reclaimed": q.reclaiming.reclaimed,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
                              "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
@@ -1526,7 +1526,7 @@ class CauseFold:
             q.restore_causes(seq, c, error, who)
         n = self.reclaims.get(seq)
         if n:
-            q.reclaims[seq] = n
+            q.reclaiming.given[seq] = n
 
 
 def latency_key(ms: int) -> int:

@@ -52,7 +52,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     causes = q.causes_of(seq)
     if causes is not None:  # why earlier deliveries ended unfinished
         out["causes"] = causes.as_dict()
-    reclaimed = q.reclaims.get(seq, 0)
+    reclaimed = q.reclaiming.given.get(seq, 0)
     if reclaimed:  # given back unstarted: not counted against max_deliveries
         out["reclaimed"] = reclaimed
     group = group_of(q, seq, headers)

@@ -75,6 +75,7 @@ from zq.core.errors import LimitError
 from zq.core.delaying import DelayTimer
 from zq.core.grouping import Group
 from zq.core.leases import Lease, LeaseClock
+from zq.core.reclaim import Reclaimer
 from zq.core.expr import Unevaluable, compile_filter, compile_value
 from zq.core.fairshare import FairShare
 from zq.core.regex import compile_pattern
@@ -347,14 +348,7 @@ class Queue:
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
-        # Reclaiming unstarted work (plan_revokes / reclaim): times each message was given
-        # back unstarted (subtracted from its deliveries wherever a limit counts them).
-        self.reclaimers = 0  # reclaimable subscriptions
-        self.reclaims: dict[int, int] = {}
-        self.reclaims_done: dict[int, int] = {}  # this step's finished messages' (their dead letters carry them)
-        self.holding: list[Subscription] = []  # subscriptions whose given-back credit is withheld this step
-        self.reclaim_seen: tuple[int, ...] = ()  # the queue's counters at the last decision that found nothing
-        self.revoked = self.reclaimed = 0  # deliveries asked back, and given back (stats)
+        self.reclaiming = Reclaimer(self)  # reclaiming unstarted work (zq.core.reclaim)
         # Moving on from a stuck holder: seq -> the consumer whose delivery of it ended by
         # lease expiry or failure, while it waits to go again. Dispatch prefers anyone else
         # with credit (``choose_avoiding``); the holder gets it again only when nobody else
@@ -815,7 +809,7 @@ class Queue:
     def credit_opened(self, sub: Subscription) -> None:
         """Exclusive groups parked for ``sub``'s credit may go again (and a subscription
         with new credit may be hungry: reclaiming looks again)."""
-        self.reclaim_seen = ()
+        self.reclaiming.seen = ()
         if sub.waiting_groups:
             for gid in sub.waiting_groups:
                 grp = self.groups.get(gid)
@@ -833,10 +827,8 @@ class Queue:
             self.delays.due.pop(seq, None)
         if self.ledger.open:
             self.ledger.finished(seq)
-        if self.reclaims:
-            n = self.reclaims.pop(seq, 0)
-            if n:
-                self.reclaims_done[seq] = n
+        if self.reclaiming.given:
+            self.reclaiming.finished(seq)
         if self.ordered:
             self.ranks.pop(seq, None)
             if self.fair_share is not None:
@@ -885,123 +877,6 @@ class Queue:
 
     # ------------------------------------------------- reclaiming unstarted work
 
-    def plan_revokes(self) -> list[tuple[Subscription, list[int], list[int]]]:
-        """Called after dispatch: a subscription with credit that got nothing (*hungry*:
-        it holds none) while a reclaimable one holds deliveries it may not have started:
-        ask the fullest for the newer half of those back, up to what the hungry can take.
-        Returns (holder, bookmarks, epochs) to revoke; the holder answers with what it had
-        not started (``reclaim``). Grouped messages are never asked back (a group's order
-        and holder stay as they are). Called when the queue's counters moved since the
-        last call that found nothing (``reclaim_seen``), so an idle queue costs nothing."""
-        hungry = [s for s in self.subs if s.used == 0 and s.backlog > 0 and not s.held_back]
-        if not hungry:
-            return []
-        lease_of, meta = self.lease_of, self.meta
-        for sub in self.subs:
-            for known in (sub.revoking, sub.kept):  # forget answers about deliveries that ended
-                for seq, epoch in list(known.items()):
-                    lease = lease_of.get(seq)
-                    if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
-                        del known[seq]
-            if sub.revoking:
-                return []  # asked already: wait for the answers (or for those deliveries to end)
-        want = sum(s.backlog for s in hungry)
-        matches = [s.match for s in hungry]
-        anyone = any(m is None for m in matches)
-        donors: list[tuple[int, int, Subscription, list[int]]] = []
-        for i, sub in enumerate(self.subs):
-            if not sub.reclaimable or sub.used - len(sub.kept) < 2:
-                continue
-            cands = self.revocable(sub, anyone, matches)
-            if len(cands) >= 2:
-                donors.append((-len(cands), i, sub, cands))
-        donors.sort()
-        out: list[tuple[Subscription, list[int], list[int]]] = []
-        for neg, _, sub, cands in donors:
-            if want <= 0:
-                break
-            k = min(-neg // 2, want)  # the older half stays: never its oldest unstarted one
-            seqs = cands[:k]
-            epochs = [meta[seq] & _D_MASK for seq in seqs]
-            for seq, epoch in zip(seqs, epochs):
-                sub.revoking[seq] = epoch
-            self.revoked += k
-            want -= k
-            out.append((sub, seqs, epochs))
-        return out
-
-    def revocable(self, sub: Subscription, anyone: bool, matches: list[Callable[[int], bool] | None]) -> list[int]:
-        """``sub``'s deliveries that may be asked back, newest first (at most
-        ``RECLAIM_SCAN_MAX`` looked at): ungrouped, not known started,
-        given back fewer than ``RECLAIMS_PER_MESSAGE_MAX`` times, and wanted by a hungry
-        subscription (``anyone``: one has no filter; else one of ``matches`` takes it)."""
-        lease_of, meta, reclaims = self.lease_of, self.meta, self.reclaims
-        out: list[int] = []
-        looked = 0
-        for lease in reversed(sub.leases):
-            if not lease.live:
-                continue
-            for seq in reversed(lease.seqs):
-                if lease_of.get(seq) is not lease:
-                    continue
-                looked += 1
-                if looked > limits.RECLAIM_SCAN_MAX:
-                    return out
-                if meta[seq] >> _G_SHIFT or seq in sub.kept:
-                    continue
-                if reclaims and reclaims.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
-                    continue
-                if not anyone and not any(m is not None and m(seq) for m in matches):
-                    continue
-                out.append(seq)
-        return out
-
-    def reclaim(self, sub: Subscription, seqs: list[int], epochs: list[int], kept: list[int],
-                kept_epochs: list[int]) -> list[int]:
-        """The holder's answer to a revoke: ``seqs`` (delivered with ``epochs``) it had
-        not started come back to their places, no delivery counted; ``kept`` (delivered
-        with ``kept_epochs``) it had started. Only deliveries that were asked back and
-        are still live are taken, so a client cannot use this to hand back work
-        uncounted. Returns those taken back.
-        Their credit is withheld from the holder until this step's dispatch has offered
-        them to the others (``end_hold``): else the holder could simply take them again."""
-        lease_of, meta = self.lease_of, self.meta
-        back: list[int] = []
-        for seq, epoch in zip(seqs, epochs):
-            if sub.revoking.get(seq) != epoch:
-                continue  # not asked for, or answered already
-            del sub.revoking[seq]
-            lease = lease_of.get(seq)
-            if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
-                continue  # that delivery ended meanwhile (settled, expired)
-            _, m = leases.release(self, seq)
-            self.note_event(R.RECLAIMED, sub.consumer, seq, m & _D_MASK)
-            self.reclaims[seq] = self.reclaims.get(seq, 0) + 1
-            self.reclaimed += 1
-            settling.put_back(self, seq, m)
-            back.append(seq)
-        for seq, epoch in zip(kept, kept_epochs):
-            if sub.revoking.get(seq) == epoch:  # (an answer about an older delivery is not about this one)
-                sub.kept[seq] = sub.revoking.pop(seq)
-        if back:
-            sub.given_back += len(back)
-            if not sub.held_back:
-                self.holding.append(sub)
-            sub.held_back += len(back)
-            sub.backlog -= len(back)
-            self.dirty = True
-        return back
-
-    def end_hold(self) -> None:
-        """After the dispatch that offered reclaimed messages to the others: their holders
-        have their credit again."""
-        holding, self.holding = self.holding, []
-        for sub in holding:
-            if sub.held_back:
-                sub.backlog += sub.held_back
-                sub.held_back = 0
-                self.credit_opened(sub)
-
     # -------------------------------------------------------------------- time
 
     def advance(self, now_ms: int, watermark: int) -> None:
@@ -1031,8 +906,8 @@ class Queue:
         if sub.match is not None:
             self.filtered += 1
         if sub.reclaimable:
-            self.reclaimers += 1
-        self.reclaim_seen = ()
+            self.reclaiming.subs += 1
+        self.reclaiming.seen = ()
         self.dirty = True
 
     def detach(self, gone: set[Subscription]) -> None:
@@ -1048,7 +923,7 @@ class Queue:
         if sub.match is not None:
             self.filtered -= 1
         if sub.reclaimable:
-            self.reclaimers -= 1
+            self.reclaiming.subs -= 1
         if sub.held_back:
             sub.backlog += sub.held_back
             sub.held_back = 0
@@ -1101,7 +976,7 @@ class Queue:
         """Deliveries that count against ``max_deliveries``: those given back unstarted
         (reclaimed) do not. (The delivery count itself stays the fence's epoch.)"""
         d = m & _D_MASK
-        return d - self.reclaims.get(seq, 0) if self.reclaims else d
+        return d - self.reclaiming.given.get(seq, 0) if self.reclaiming.given else d
 
     def cancels_of(self, seq: int) -> int:
         return (self.meta.get(seq, 0) >> 16) & _D_MASK

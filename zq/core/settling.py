@@ -89,8 +89,8 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
         lease.live -= 1
         if q.ledger.open:
             q.ledger.open.pop(seq, None)
-        if q.reclaims:
-            q.reclaims.pop(seq, None)
+        if q.reclaiming.given:
+            q.reclaiming.given.pop(seq, None)
         busy += now_ms - lease.started_ms
         events.append((seq, m & _D_MASK))
         done += 1

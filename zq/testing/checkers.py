@@ -488,8 +488,8 @@ class Oracle:
                     if got != view.causes.get(seq, [0, 0, 0, 0]):
                         raise InvariantError(f"{name}: {seq} has causes {got}, its events say "
                                              f"{view.causes.get(seq, [0, 0, 0, 0])}")
-                    if q.reclaims.get(seq, 0) != view.reclaims.get(seq, 0):
-                        raise InvariantError(f"{name}: {seq} taken back {q.reclaims.get(seq, 0)} times, its events "
+                    if q.reclaiming.given.get(seq, 0) != view.reclaims.get(seq, 0):
+                        raise InvariantError(f"{name}: {seq} taken back {q.reclaiming.given.get(seq, 0)} times, its events "
                                              f"say {view.reclaims.get(seq, 0)}")
             held_by: dict[str, int] = {}
             for seq, consumer in view.held.items():

@@ -262,7 +262,7 @@ class Simulator:
             self.kill_worker(rng.choice(sorted(self.workers)))
         # Credit withheld after a reclaim comes back at the end of the drain (``end_hold``):
         # during it, those subscriptions had that much less (``check_moving_on``).
-        self.held_back = {s.sub_id: s.held_back for q in self.engine.queues.values() for s in q.holding}
+        self.held_back = {s.sub_id: s.held_back for q in self.engine.queues.values() for s in q.reclaiming.holding}
         out = self.engine.drain(self.now_ms)
         for w in self.workers.values():
             if w.pull:
@@ -322,7 +322,7 @@ class Simulator:
             if q.touched:
                 continue
             left = [what for what, there in (
-                ("a dispatch", q.dirty), ("held credit", q.holding), ("events", q.events_out),
+                ("a dispatch", q.dirty), ("held credit", q.reclaiming.holding), ("events", q.events_out),
                 ("delays", q.delays_out), ("expiries", q.expired_out),
                 ("deliveries", any(s.out_seqs or s.barrier_out for s in q.subs))) if there]
             if left:
@@ -350,7 +350,7 @@ class Simulator:
                 self.reclaimed += len(rec.bookmarks)
         revoking = {r.sub_id for r in out.revokes}
         for q in self.engine.queues.values():
-            if not q.reclaimers or any(s.revoking for s in q.subs) or any(s.sub_id in revoking for s in q.subs):
+            if not q.reclaiming.subs or any(s.revoking for s in q.subs) or any(s.sub_id in revoking for s in q.subs):
                 continue
             by_sub = self.workers_by_sub()
             hungry = [by_sub[s.sub_id] for s in q.subs if s.used == 0 and s.backlog > 0 and s.sub_id in by_sub]
@@ -367,7 +367,7 @@ class Simulator:
                     lease = q.lease_of.get(seq)
                     if lease is None or lease.sub is not s or q.deliveries_of(seq) != epoch or q.meta[seq] >> 32:
                         continue
-                    if q.reclaims.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
+                    if q.reclaiming.given.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
                         continue
                     m = self.journal.get_message(seq)
                     if any(c is None or (m is not None and c(m.headers, m.payload, m.topic)) for c in checks):
