@@ -58,7 +58,7 @@ def test_max_bytes_counts_payload_bytes_and_survives_recovery():
     journal.append(e.drain(0).records)
     journal.commit(0)
     q = e.queues["blobs"]
-    assert q.depth == 2 and q.bytes == 80  # the first was dropped to fit
+    assert q.depth == 2 and q.overflow.bytes == 80  # the first was dropped to fit
     again = recover_engine(journal, settings)
     assert again.queues["blobs"].bytes == 80 and again.queues["blobs"].depth == 2
 

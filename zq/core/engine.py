@@ -400,7 +400,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                       now_ms: int, due: int = 0) -> list[int]:
         named: dict[str, bool] = {}  # group header -> does any item carry it?
         for q in queues:
-            if q.limited and q.settings.overflow == "reject":
+            if q.overflow.limited and q.settings.overflow == "reject":
                 self.check_room(q, topic, items)
             if q.grouped:
                 header = q.settings.group_header
@@ -421,7 +421,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
         for q in queues:
             self.touch(q)
             accept = q.filter
-            if q.barrier_fn is not None or q.ordered or q.tqd or due or q.lvq_fn is not None:
+            if q.barrier.fn is not None or q.ordered or q.tqd or due or q.last_values.fn is not None:
                 self.enqueue_each(q, topic, items, first, due)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
                 q.enqueue_run(first, len(items))  # no message of the batch names a group
@@ -438,7 +438,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                         q.enqueue(first + i, 0)
             else:
                 q.enqueue_run(first, len(items))
-            if q.limited:
+            if q.overflow.limited:
                 self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
         return list(range(first, first + len(items)))
@@ -461,14 +461,14 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 q.delays_out.append((seq, 0, due, R.DELAY_PUBLISHED))
             return  # journal-only for now: read back as the queue drains
         level, key = 0, None
-        if q.ordered or q.lvq_fn is not None:
+        if q.ordered or q.last_values.fn is not None:
             judged = q.judge(seq, headers, payload, topic)
             if judged is None:
                 return  # poison: set aside, dead-lettered when this step drains
             level, key = judged
-        if q.barrier_fn is not None and q.barrier_fn(headers, payload, topic):
+        if q.barrier.fn is not None and q.barrier.fn(headers, payload, topic):
             q.enqueue(seq, 0)
-            q.barriers.append(seq)  # a barrier goes when everything before it is acked: a delay has no meaning
+            q.barrier.waiting.append(seq)  # a barrier goes when everything before it is acked: a delay has no meaning
         else:
             name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
             gid = q.group_id(name) if name is not None else 0
@@ -476,40 +476,40 @@ class Engine(ManagementMixin, TargetDepthMixin):
             if due and not q.browse:  # browsers see every message at once: nothing is leased
                 q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
         if key is not None:
-            q.lvq_admit(seq, key)
+            q.last_values.admit(seq, key)
 
     def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
         """overflow = "reject": refuse the whole batch before anything is journaled."""
         entering = [p for p, h, _ in items if q.filter is None or q.filter(h, p, topic)]
-        if entering and q.would_overflow(len(entering), sum(map(len, entering))):
-            q.rejected += len(entering)
-            if not q.blocked:
-                q.blocked = True
-                q.breaches += 1
+        if entering and q.overflow.would_overflow(len(entering), sum(map(len, entering))):
+            q.overflow.rejected += len(entering)
+            if not q.overflow.blocked:
+                q.overflow.blocked = True
+                q.overflow.breaches += 1
                 self.over_limit.add(q.name)
                 self.notices.append(f"queue {q.name!r} is full: publishes are refused (overflow = reject)")
             s = q.settings
             raise QueueFullError(f"queue {q.name!r} is full ({q.held()} messages of max_depth {s.max_depth or '-'}, "
-                                 f"{q.bytes} bytes of max_bytes {s.max_bytes or '-'}; overflow = reject)")
+                                 f"{q.overflow.bytes} bytes of max_bytes {s.max_bytes or '-'}; overflow = reject)")
 
     def after_enqueue_limited(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
                               first: int) -> None:
-        if q.sizes is not None:
+        if q.overflow.sizes is not None:
             for i, (payload, headers, _) in enumerate(items):
                 if q.filter is None or q.filter(headers, payload, topic):
-                    q.sizes[first + i] = len(payload)
-                    q.bytes += len(payload)
-        if not q.over_limit():
+                    q.overflow.sizes[first + i] = len(payload)
+                    q.overflow.bytes += len(payload)
+        if not q.overflow.over():
             return
-        if not q.blocked:
-            q.blocked = True
-            q.breaches += 1
+        if not q.overflow.blocked:
+            q.overflow.blocked = True
+            q.overflow.breaches += 1
             self.over_limit.add(q.name)
             action = {"ring": "the oldest are dropped", "flow-control": "confirmations are withheld"}.get(
                 q.settings.overflow, "publishes are refused")
             self.notices.append(f"queue {q.name!r} reached its limit: {action}")
         if q.settings.overflow == "ring":
-            q.make_room()
+            q.overflow.make_room()
 
     def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
@@ -518,29 +518,29 @@ class Engine(ManagementMixin, TargetDepthMixin):
         if q.tqd and not q.admit(seq):
             return  # journal-only for now: read back as the queue drains
         level, key = 0, None
-        if q.ordered or q.lvq_fn is not None:
+        if q.ordered or q.last_values.fn is not None:
             m = self.message(seq)
             if m is not None:
                 judged = q.judge(seq, m.headers, m.payload, m.topic)
                 if judged is None:
                     return  # poison: set aside, dead-lettered when this step drains
                 level, key = judged
-        if q.barrier_fn is not None:
+        if q.barrier.fn is not None:
             m = self.message(seq)
-            if m is not None and q.barrier_fn(m.headers, m.payload, m.topic):
+            if m is not None and q.barrier.fn(m.headers, m.payload, m.topic):
                 gid = 0
-                q.barriers.append(seq)
+                q.barrier.waiting.append(seq)
         q.enqueue(seq, gid, level)
         if key is not None:
-            q.lvq_admit(seq, key)
-        if q.limited:
-            if q.sizes is not None:
+            q.last_values.admit(seq, key)
+        if q.overflow.limited:
+            if q.overflow.sizes is not None:
                 m = self.message(seq)
                 size = len(m.payload) if m is not None else 0
-                q.sizes[seq] = size
-                q.bytes += size
-            if q.over_limit() and q.settings.overflow == "ring":
-                q.make_room()
+                q.overflow.sizes[seq] = size
+                q.overflow.bytes += size
+            if q.overflow.over() and q.settings.overflow == "ring":
+                q.overflow.make_room()
 
     def check_overflow_ends(self) -> None:
         """A breach ends when the queue is back under its limits (flow-control: under
@@ -551,15 +551,15 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 self.over_limit.discard(name)
                 continue
             percent = q.settings.resume_percent if q.settings.overflow == "flow-control" else 100
-            if not q.over_limit(percent):
-                q.blocked = False
+            if not q.overflow.over(percent):
+                q.overflow.blocked = False
                 self.over_limit.discard(name)
                 self.notices.append(f"queue {q.name!r} is back under its limits")
 
     def withheld(self, topic: str) -> list[str]:
         """Flow-control queues over their limits among those ``topic`` feeds: a publish
         confirmation waits until they are not (the adapter holds it)."""
-        return [q.name for q in self.route(self.resolve_topic(topic)) if q.blocked and q.settings.overflow == "flow-control"]
+        return [q.name for q in self.route(self.resolve_topic(topic)) if q.overflow.blocked and q.settings.overflow == "flow-control"]
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -1253,13 +1253,13 @@ class Engine(ManagementMixin, TargetDepthMixin):
                 "reclaimed": q.reclaiming.reclaimed,
                 "groups": len(q.groups),
                 "overflow": {"policy": q.settings.overflow, "max_depth": q.settings.max_depth,
-                             "max_bytes": q.settings.max_bytes, "bytes": q.bytes, "over": q.blocked,
-                             "breaches": q.breaches, "rejected": q.rejected, "dropped": q.dropped},
-                "replaced": q.replaced,
+                             "max_bytes": q.settings.max_bytes, "bytes": q.overflow.bytes, "over": q.overflow.blocked,
+                             "breaches": q.overflow.breaches, "rejected": q.overflow.rejected, "dropped": q.overflow.dropped},
+                "replaced": q.last_values.replaced,
                 "poisoned": q.poisoned,  # set aside: content the queue could not evaluate (R.REASON_POISON)
                 "inactive": q.inactive,
                 "kind": queue_kind(q.settings),
-                "barriers": {"waiting": len(q.barriers), "released": q.barriers_released},
+                "barriers": {"waiting": len(q.barrier.waiting), "released": q.barrier.released},
                 "semantics": q.settings.semantics,
                 "oldest_ms": self.oldest_waiting_ms(q),
                 "oldest_bookmark": q.oldest_waiting() if q.depth else None,  # what zq top explains
@@ -1381,7 +1381,7 @@ class Engine(ManagementMixin, TargetDepthMixin):
                         q.inactive_due[msg.seq] = due
                     continue  # stays in the journal: read in as the queue drains
                 level, key = 0, None
-                if q.ordered or q.lvq_fn is not None:
+                if q.ordered or q.last_values.fn is not None:
                     m = msg if msg.copy_of is None else eng.message(msg.seq)
                     if m is not None:
                         judged = q.judge(msg.seq, m.headers, m.payload, m.topic)
@@ -1389,19 +1389,19 @@ class Engine(ManagementMixin, TargetDepthMixin):
                             continue  # poison (journaled by a zq that let it in): set aside, said at the first drain
                         level, key = judged
                 gid = 0
-                barrier = q.barrier_fn is not None and q.barrier_fn(msg.headers, msg.payload, msg.topic)
+                barrier = q.barrier.fn is not None and q.barrier.fn(msg.headers, msg.payload, msg.topic)
                 if q.grouped and not barrier:
                     name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
                     if name is not None and q.can_take_group(name):
                         gid = q.group_id(name)
                 q.enqueue(msg.seq, gid, level)
                 if barrier:
-                    q.barriers.append(msg.seq)
+                    q.barrier.waiting.append(msg.seq)
                 if key is not None:
-                    q.lvq_admit(msg.seq, key)
-                if q.sizes is not None:
-                    q.sizes[msg.seq] = len(msg.payload)
-                    q.bytes += len(msg.payload)
+                    q.last_values.admit(msg.seq, key)
+                if q.overflow.sizes is not None:
+                    q.overflow.sizes[msg.seq] = len(msg.payload)
+                    q.overflow.bytes += len(msg.payload)
                 c = counts[q.name].get(msg.seq)
                 if c is not None:
                     q.restore_counts(msg.seq, gid, c[0], c[1])

@@ -158,8 +158,8 @@ def waiting_reasons(engine: Engine, q: Queue, seq: int, group: str | None, place
     if due is not None:
         what = "its retry" if q.deliveries_of(seq) else "the time it was published for"
         why.append(f"waits for {what}: due in {duration_text(due - now_ms)}")
-    if q.barriers and q.barriers[0] < seq:
-        why.append(f"behind barrier message {q.barriers[0]}: nothing later goes until every earlier message is acked")
+    if q.barrier.waiting and q.barrier.waiting[0] < seq:
+        why.append(f"behind barrier message {q.barrier.waiting[0]}: nothing later goes until every earlier message is acked")
     if place == "set-aside":
         why.append("set aside: every subscription with credit has a filter it does not match")
     if group is not None and group in q.gid_of:

@@ -71,10 +71,12 @@ from typing import TYPE_CHECKING, Final
 from zq.core import browse, choosing, delaying, expiry, grouping, inventory, leases, limits, removal, settling
 from zq.core import records as R
 from zq.core.aside import SetAside
+from zq.core.barriers import Barriers
 from zq.core.errors import LimitError
 from zq.core.delaying import DelayTimer
 from zq.core.grouping import Group
 from zq.core.leases import Lease, LeaseClock
+from zq.core.overflow import LastValues, Overflow
 from zq.core.reclaim import Reclaimer
 from zq.core.expr import Unevaluable, compile_filter, compile_value
 from zq.core.fairshare import FairShare
@@ -252,21 +254,9 @@ class Queue:
         self.held_while_busy = s.group_policy == "sequenced"
         self.grouped = bool(s.group_header) and not s.browse_only  # browsers ignore groups: nothing is leased
         self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
-        # Overflow (max_depth / max_bytes): sizes are kept only when max_bytes is set.
-        self.limited = bool(s.max_depth or s.max_bytes)
-        self.sizes: dict[int, int] | None = {} if s.max_bytes else None
-        self.bytes = 0
-        self.blocked = False  # over a limit: the breach is on (flow-control: confirmations withheld)
-        self.breaches = self.rejected = self.dropped = 0
-        # Last-value queue: key -> newest message of that key, and back.
-        self.lvq_fn = compile_value(s.lvq_key).fn if s.lvq_key else None
-        self.lvq: dict[object, int] = {}
-        self.lvq_key_of: dict[int, object] = {}
-        self.replaced = 0
-        # Barriers: matching messages wait for every earlier one to be acknowledged.
-        self.barrier_fn = compile_filter(s.barrier).fn if s.barrier else None
-        self.barriers: list[int] = []  # waiting barrier messages, oldest first
-        self.barriers_released = 0
+        self.overflow = Overflow(self, s)  # max_depth / max_bytes (zq.core.overflow)
+        self.last_values = LastValues(self, s)  # a last-value queue's newest of each key
+        self.barrier = Barriers(self, s)  # messages that wait for every earlier one's ack (zq.core.barriers)
         self.browse = s.browse_only
         # Priority / sorted queues: waiting messages are ranked (see zq.core.ordering).
         # Fair queues (zq.core.fairshare) rank by a tag that moves with each message; their
@@ -366,7 +356,7 @@ class Queue:
         self.settings = s
         self.fairness = s.effective_fairness()
         self.backoff = s.backoff_ms
-        self.limited = bool(s.max_depth or s.max_bytes)
+        self.overflow.configure(s)
         self.ledger.configure(s)
         if self.fair_share is not None:
             self.fair_share.weights = dict(s.tenant_weights)
@@ -409,7 +399,8 @@ class Queue:
         is read first: ``level_of`` moves a fair queue's tag, which must not move for a
         message that does not enter."""
         try:
-            key = self.lvq_fn(headers, payload, topic) if self.lvq_fn is not None else None
+            lvq_fn = self.last_values.fn
+            key = lvq_fn(headers, payload, topic) if lvq_fn is not None else None
             return (self.level_of(seq, headers, payload, topic) if self.ordered else 0), key
         except Exception as exc:  # noqa: BLE001 -- one message's content must never stop the dispatcher
             self.poison(seq, exc)
@@ -518,8 +509,8 @@ class Queue:
                         self.offered = limit
                         continue  # a set-aside group head went: its group's next may compete now (look again)
                     self.offered = limit
-            if self.barriers:
-                held_back = self.barrier_gate(min(f, r, g))
+            if self.barrier.waiting:
+                held_back = self.barrier.gate(min(f, r, g))
                 if held_back is None:
                     continue  # a barrier went out (or a stale one was dropped): look again
                 if held_back:
@@ -675,35 +666,6 @@ class Queue:
         self.dirty = True
         self.out_of_budget = True
 
-    def barrier_gate(self, candidate: int) -> bool | None:
-        """Before dispatching ``candidate``: False to go on, True to stop (the oldest
-        barrier is next and earlier messages are still out), None after releasing it.
-
-        Nothing later than a waiting barrier goes before it; it goes once everything
-        earlier is acknowledged, to every subscriber whose filter matches (no lease,
-        no credit), and leaves the queue.
-        """
-        b = self.barriers[0]
-        if b in self.removed or b <= self.expired_watermark or b < candidate:
-            self.barriers.pop(0)  # purged, expired or otherwise gone: no longer a barrier
-            return None
-        if candidate < b:
-            return False
-        if self.lease_of and min(self.lease_of) < b:
-            return True
-        if self.delays.due and min(self.delays.due) < b:
-            return True  # an earlier message waits for its retry: it is not acknowledged either
-        self.barriers.pop(0)
-        self.head += 1  # ungrouped and never leased: it is the fifo's head
-        self.depth -= 1
-        for sub in self.subs:
-            if sub.match is None or sub.match(b):
-                sub.barrier_out.append(b)
-        self.finish(b, 0)
-        self.barriers_released += 1
-        self.expired_out.append((b, R.REASON_BARRIER, 0, None))
-        return None
-
     def extend(self, sub: Subscription, seqs: list[int], deadline_ms: int) -> list[int]:
         """Move ``seqs`` to leases ending at ``deadline_ms`` (``leases.extend``)."""
         return leases.extend(self, sub, seqs, deadline_ms)
@@ -771,39 +733,6 @@ class Queue:
         self.published += 1
         return False
 
-    def would_overflow(self, count: int, size: int) -> bool:
-        s = self.settings
-        return bool(s.max_depth and self.held() + count > s.max_depth
-                    or s.max_bytes and self.bytes + size > s.max_bytes)
-
-    def over_limit(self, percent: int = 100) -> bool:
-        s = self.settings
-        return bool(s.max_depth and self.held() * 100 > s.max_depth * percent
-                    or s.max_bytes and self.bytes * 100 > s.max_bytes * percent)
-
-    def make_room(self) -> None:
-        """overflow = "ring": drop the oldest available messages until under the limits."""
-        while self.over_limit() and self.depth:
-            removal.drop_removed_front(self)
-            seq = inventory.oldest_waiting(self)
-            if seq is None or not removal.remove_available(self, seq):
-                return
-            self.dropped += 1
-            self.expired += 1
-            self.expired_out.append((seq, R.REASON_OVERFLOW, self.deliveries_of(seq), self.group_name_of(seq)))
-
-    def lvq_admit(self, seq: int, key: object) -> None:
-        """A last-value queue took ``seq`` of ``key``: an older available one leaves
-        (a leased one stays with its holder, and does not come back)."""
-        if key is None or type(key) not in (str, int, float, bool):
-            return
-        old = self.lvq.get(key)
-        self.lvq[key] = seq
-        self.lvq_key_of[seq] = key
-        if old is not None and old not in self.lease_of and removal.remove_available(self, old):
-            self.replaced += 1
-            self.expired_out.append((old, R.REASON_REPLACED, self.deliveries_of(old), self.group_name_of(old)))
-
     # ----------------------------------------------------- ending a delivery
 
     def credit_opened(self, sub: Subscription) -> None:
@@ -833,12 +762,9 @@ class Queue:
             self.ranks.pop(seq, None)
             if self.fair_share is not None:
                 self.fair_share.finished(seq)
-        if self.sizes is not None:
-            self.bytes -= self.sizes.pop(seq, 0)
-        if self.lvq_key_of:
-            key = self.lvq_key_of.pop(seq, None)
-            if key is not None and self.lvq.get(key) == seq:
-                del self.lvq[key]
+        self.overflow.forget(seq)
+        if self.last_values.key_of:
+            self.last_values.finished(seq)
         if gid:
             grp = self.groups[gid]
             grp.count -= 1

@@ -77,8 +77,7 @@ def remove_available(q: Queue, seq: int, known_waiting: bool = False, gid: int =
     q.depth -= 1
     if seq == q.heap_oldest:
         q.heap_oldest = None
-    if q.sizes is not None:
-        q.bytes -= q.sizes.pop(seq, 0)  # now, not when its removal is reached
+    q.overflow.forget(seq)  # now, not when its removal is reached
     return True
 
 

@@ -60,7 +60,7 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
     seq not leased by ``sub`` goes through ``ack`` (the refusal, or
     ``allow_ack_unleased``). Waiting groups of ``sub`` are offered its freed credit
     once, after the batch: ``ready`` is a heap, so the order of pushes is moot."""
-    if q.browse or q.ordered or q.sizes is not None or q.lvq_key_of:
+    if q.browse or q.ordered or q.overflow.sizes is not None or q.last_values.key_of:
         if epochs:
             seqs, fenced_off = fence(q, sub, seqs, epochs)
             if stale is not None:
@@ -237,13 +237,11 @@ def put_back(q: Queue, seq: int, m: int, due_ms: int = 0, reason: str = "") -> N
     if seq <= q.expired_watermark:
         expire_leased(q, seq, m, R.REASON_EXPIRED)
         return
-    if q.lvq_key_of:
-        key = q.lvq_key_of.get(seq)
-        if key is not None and q.lvq.get(key) != seq:  # a newer value came while it was out
-            q.replaced += 1
-            expire_leased(q, seq, m, R.REASON_REPLACED)
-            q.expired -= 1  # counted as replaced, not expired
-            return
+    if q.last_values.key_of and q.last_values.superseded(seq):  # a newer value came while it was out
+        q.last_values.replaced += 1
+        expire_leased(q, seq, m, R.REASON_REPLACED)
+        q.expired -= 1  # counted as replaced, not expired
+        return
     q.depth += 1
     q.dirty = True
     gid = m >> _G_SHIFT

@@ -196,7 +196,7 @@ PRIORITY_SPREAD = 10  # the simulator's largest priority minus its smallest
 def unevaluable(q: Queue, m: R.Message) -> bool:
     """Does the queue's judgment of an entering message (``Queue.judge``) fail on it?"""
     try:
-        for fn in (q.lvq_fn, q.priority_fn, q.level_fn):
+        for fn in (q.last_values.fn, q.priority_fn, q.level_fn):
             if fn is not None:
                 fn(m.headers, m.payload, m.topic)
     except Unevaluable:
@@ -270,14 +270,14 @@ class Oracle:
                     continue
             view = self.queue_view(q)
             self.check_dead_letter(msg)
-            if (q.ordered or q.lvq_fn is not None) and unevaluable(q, engine.message(msg.seq) or msg):
+            if (q.ordered or q.last_values.fn is not None) and unevaluable(q, engine.message(msg.seq) or msg):
                 view.confirmed[msg.seq] = None
                 view.open.add(msg.seq)
                 view.poison.add(msg.seq)  # its ``expired`` event must follow in this step
                 continue
-            if q.barrier_fn is not None:
+            if q.barrier.fn is not None:
                 content = engine.message(msg.seq) or msg
-                if q.barrier_fn(content.headers, content.payload, content.topic):
+                if q.barrier.fn(content.headers, content.payload, content.topic):
                     view.barriers.add(msg.seq)
             group = None
             if q.grouped:

@@ -439,7 +439,7 @@ class Simulator:
             if late:
                 raise InvariantError(f"{q.name}: {late[:5]} still wait for a time that has come (now {self.now_ms}: "
                                      f"{[q.delays.due[s][0] for s in late[:5]]})")
-            if q.filtered or q.browse or q.barriers or not q.grouped or q.dirty:
+            if q.filtered or q.browse or q.barrier.waiting or not q.grouped or q.dirty:
                 continue  # (dirty: something freed after this drain's dispatch, e.g. a destructive claim's acks)
             if not any(s.used < s.backlog for s in q.subs):
                 continue
@@ -679,8 +679,8 @@ class Simulator:
 
 def lvq_key(q: Queue, m: R.Message) -> object:
     """A waiting message's last-value key (it was read when the message entered)."""
-    assert q.lvq_fn is not None
-    return q.lvq_fn(m.headers, m.payload, m.topic)
+    assert q.last_values.fn is not None
+    return q.last_values.fn(m.headers, m.payload, m.topic)
 
 
 def run_seed(seed: int, steps: int = 2000) -> Simulator:
