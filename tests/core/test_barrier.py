@@ -53,7 +53,7 @@ def test_a_barrier_does_not_count_toward_backlog_and_survives_recovery():
     journal.append(out.records)
     journal.commit(0)
     again = recover_engine(journal, [Q])
-    assert again.queues["orders"].barriers == [b]
+    assert again.queues["orders"].barrier.waiting == [b]
     again.subscribe("s", "orders", "c", 1, 0)
     first = again.drain(0).deliveries[0].seqs
     again.ack("s", first, 0)
