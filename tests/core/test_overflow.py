@@ -34,7 +34,7 @@ def test_leased_messages_count_and_an_ack_makes_room():
         h.pub("jobs")
     h.engine.ack("w", seqs[:1], h.now)
     h.drain()
-    assert h.engine.queues["jobs"].blocked is False  # the breach ended, once
+    assert h.engine.queues["jobs"].overflow.blocked is False  # the breach ended, once
     assert h.pub("jobs")
 
 
@@ -60,7 +60,7 @@ def test_max_bytes_counts_payload_bytes_and_survives_recovery():
     q = e.queues["blobs"]
     assert q.depth == 2 and q.overflow.bytes == 80  # the first was dropped to fit
     again = recover_engine(journal, settings)
-    assert again.queues["blobs"].bytes == 80 and again.queues["blobs"].depth == 2
+    assert again.queues["blobs"].overflow.bytes == 80 and again.queues["blobs"].depth == 2
 
 
 def test_flow_control_withholds_until_below_the_resume_threshold():
