@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from zq import wire
-from zq.core import limits
+from zq.core import delaying, limits
 from zq.core.engine import Engine
 from zq.core.errors import JournalError, LimitError, NotEntitledError, NotLeaderError, ProtocolError, ZqError
 from zq.core.manage import BulkCursor
@@ -352,7 +352,7 @@ class Commands:
         for r, (_, d) in zip(self.journal.get_messages([seq for seq, _ in items]), items):
             item = {"bookmark": r.seq, "topic": r.topic, "headers": r.headers, "payload": r.payload,
                     "deliveries": d, "ts_ms": r.ts_ms, "group": r.headers.get(header) if header else None}
-            due = q.due_of(r.seq)
+            due = delaying.due_of(q, r.seq)
             if due is not None:
                 item["not_before_ms"] = due  # waits for its retry or its publish's delay
             out.append(item)

@@ -718,7 +718,7 @@ class Server(Commands, Stats):
     def release_flow_held(self) -> None:
         """Send confirmations whose queues are no longer over their limits."""
         queues = self.engine.queues
-        self.confirmations.release_flow(lambda n: n in queues and queues[n].blocked, self.confirm)
+        self.confirmations.release_flow(lambda n: n in queues and queues[n].overflow.blocked, self.confirm)
 
     def notify_held(self, now: int) -> None:
         """Tell publishers whose held confirmations have not moved for a second what they
@@ -746,7 +746,7 @@ class Server(Commands, Stats):
         if s.max_depth:
             limits_now.append(f"{q.held():,} messages of max_depth {s.max_depth:,}")
         if s.max_bytes:
-            limits_now.append(f"{q.bytes:,} bytes of max_bytes {s.max_bytes:,}")
+            limits_now.append(f"{q.overflow.bytes:,} bytes of max_bytes {s.max_bytes:,}")
         return (f"queue {name!r} is over its limits ({', '.join(limits_now)}; overflow = flow-control): "
                 f"confirmed once consumers drain it below {s.resume_percent}% of them")
 
