@@ -109,7 +109,7 @@ def test_a_mark_removed_or_set_again_leaves_a_stale_timer_that_wakes_nothing():
 
 def test_the_ledger_counts_each_cause_and_says_when_a_limit_is_reached():
     from zq.core import records as R
-    from zq.core.queue import CauseLedger
+    from zq.core.causes import CauseLedger
 
     ledger = CauseLedger(QueueSettings(name="q", max_failures=2, max_lease_expiries=1))
     ledger.names["c1"] = "worker one"
