@@ -28,7 +28,8 @@ from typing import Any
 # The hot path: the sans-IO engine's queue structures and dispatch. msgspec structs and
 # exception classes stay in interpreted modules (mypyc drops their class keywords).
 COMPILED_MODULES = ("zq.core.queue", "zq.core.ordering", "zq.core.fairshare", "zq.core.engine", "zq.core.depth",
-                    "zq.core.manage")
+                    "zq.core.manage", "zq.core.host", "zq.core.timeindex", "zq.core.routing", "zq.core.admission",
+                    "zq.core.subscriptions", "zq.core.outputs", "zq.core.recovery", "zq.core.views")
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding the zq package
 
 BUILD = "interpreted"  # or "compiled"
