@@ -137,18 +137,21 @@ def test_the_path_of_a_message_in_the_architecture_doc_names_real_functions():
     from zq.client.messages import Message, Subscription
     from zq.client.publisher import Publisher
     from zq.client.worker import Worker
+    from zq.core import entering, settling
+    from zq.core.admission import Admission
     from zq.core.engine import Engine
     from zq.core.queue import Queue
     from zq.journal.lmdb_journal import LmdbJournal
     from zq.server.commands import Commands
     from zq.server.loop import Server
 
-    owners = {c.__name__: c for c in (Client, Message, Subscription, Publisher, Worker, Engine, Queue, LmdbJournal,
-                                       Commands, Server)}
+    owners = {c.__name__: c for c in (Client, Message, Subscription, Publisher, Worker, Engine, Admission, Queue,
+                                       LmdbJournal, Commands, Server)}
     owners["wire"] = wire
+    owners["entering"], owners["settling"] = entering, settling  # the queue's parts the picture names
     doc = (ROOT.parent / "docs" / "architecture.md").read_text()
     picture = doc.split("## The path of a message", 1)[1].split("```")[1]
-    named = re.findall(r"\b([A-Z][A-Za-z]+|wire)\.([a-z_A-Z]+)", picture)
+    named = re.findall(r"\b([A-Z][A-Za-z]+|wire|entering|settling)\.([a-z_A-Z]+)", picture)
     assert len(named) > 15
     for owner, attr in named:
         assert owner in owners, f"the picture names {owner}.{attr}: add {owner} here or fix the doc"

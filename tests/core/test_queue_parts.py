@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 
-from zq.core import QueueSettings, browse, choosing, delaying, expiry, grouping, inventory, leases, limits, removal, settling
+from zq.core import QueueSettings, browse, choosing, delaying, entering, expiry, grouping, inventory, leases, limits, removal, settling
 from zq.core.delaying import DelayTimer
 from zq.core.leases import Lease, LeaseClock
 from zq.core.queue import Queue, Subscription
@@ -159,7 +159,7 @@ def test_a_message_nobody_matches_is_set_aside_and_goes_to_the_first_taker():
     q = queue()
     odd = subscribe(q, "odd", 10, match=lambda seq: seq % 2 == 1)
     for seq in (1, 2, 3, 4):
-        q.enqueue(seq, 0)
+        entering.enqueue(q, seq, 0)
     q.dispatch(0)
     assert taken(odd) == [1, 3]
     assert q.aside.live() == [2, 4] and q.aside.oldest() == 2
@@ -175,7 +175,7 @@ def test_a_set_aside_group_head_holds_its_group_until_it_is_taken_out():
     picky = subscribe(q, "picky", 10, match=lambda seq: seq != 1)
     gid = q.group_id("g")
     for seq in (1, 2):
-        q.enqueue(seq, gid)
+        entering.enqueue(q, seq, gid)
     q.dispatch(0)
     assert taken(picky) == [] and q.groups[gid].held == 1  # 2 waits behind its group's head
     assert q.remove_available(1)  # an operator purge of the head
@@ -210,9 +210,9 @@ def test_the_holder_a_delivery_failed_with_is_passed_over_while_another_has_cred
 def test_old_messages_expire_at_the_fronts_at_once_and_in_groups_at_the_sweep():
     q = queue(expiration_ms=10)
     gid = q.group_id("g")
-    q.enqueue(1, 0)
-    q.enqueue(2, gid)
-    q.enqueue(3, gid)
+    entering.enqueue(q, 1, 0)
+    entering.enqueue(q, 2, gid)
+    entering.enqueue(q, 3, gid)
     subscribe(q, "s", 1)
     q.dispatch(0)  # 1 goes; 2 and 3 wait (2 in the fifo, 3 parked behind nobody: the fifo)
     q.group_sweep_due_ms = 100
@@ -227,7 +227,7 @@ def test_a_browser_walks_every_message_and_takes_none():
     q = queue(browse_only=True)
     sub = subscribe(q, "b", 2)
     for seq in (1, 2, 3):
-        q.enqueue(seq, 0)
+        entering.enqueue(q, seq, 0)
     q.dispatch(0)
     assert taken(sub) == [1, 2] and q.lease_of == {}
     assert browse.settle(q, sub, 9) == "not-leased"
@@ -241,7 +241,7 @@ def test_the_inventory_reads_every_place_in_order_and_the_recovery_point_counts_
     q = queue()
     gid = q.group_id("g")
     for seq, g in ((1, gid), (2, gid), (3, 0), (4, gid)):
-        q.enqueue(seq, g)
+        entering.enqueue(q, seq, g)
     sub = subscribe(q, "s", 1)
     q.dispatch(0)
     assert taken(sub) == [1]  # 2 and 4 wait behind it, parked in their group
@@ -258,7 +258,7 @@ def test_a_sequenced_group_waits_for_its_full_holder_and_goes_on_when_it_settles
     a, b = subscribe(q, "a", 1), subscribe(q, "b", 5)
     gid = q.group_id("g")
     for seq in (1, 2, 3):
-        q.enqueue(seq, gid)
+        entering.enqueue(q, seq, gid)
     q.dispatch(0)
     assert taken(a) == [1] and taken(b) == []  # b has credit, but the group is a's while a holds some
     assert q.groups[gid].owner is a and not grouping.can_go(q, q.groups[gid])
@@ -273,7 +273,7 @@ def test_a_group_with_nothing_left_is_forgotten():
     q = queue()
     sub = subscribe(q, "s", 5)
     gid = q.group_id("g")
-    q.enqueue(1, gid)
+    entering.enqueue(q, 1, gid)
     q.dispatch(0)
     assert taken(sub) == [1]
     assert q.ack(sub, 1) is None
@@ -283,7 +283,7 @@ def test_a_group_with_nothing_left_is_forgotten():
 def test_a_lease_counts_each_delivery_and_release_gives_the_credit_back():
     q = queue()
     sub = subscribe(q, "s", 2)
-    q.enqueue(1, 0)
+    entering.enqueue(q, 1, 0)
     q.dispatch(0)
     assert q.take_outbox(sub) == ([1], [1])
     assert sub.used == 1 and q.lease_of[1].deadline_ms == 1_000
@@ -298,7 +298,7 @@ def test_extend_moves_only_the_holders_messages_and_not_past_the_maximum_age():
     q = queue(max_lease_age_ms=5_000)
     a, b = subscribe(q, "a", 1), subscribe(q, "b", 1)
     for seq in (1, 2):
-        q.enqueue(seq, 0)
+        entering.enqueue(q, seq, 0)
     q.dispatch(100)
     mine = taken(a)[0]
     theirs = 3 - mine
@@ -316,8 +316,8 @@ def test_the_retry_schedule_is_deterministic_and_spread_within_the_jitter():
 def test_a_delayed_message_sleeps_and_wakes_at_its_time_in_its_place():
     q = queue()
     sub = subscribe(q, "s", 5)
-    q.enqueue(1, 0)
-    q.enqueue(2, 0)
+    entering.enqueue(q, 1, 0)
+    entering.enqueue(q, 2, 0)
     delaying.mark(q, 1, 0, 500, "requested")
     q.dispatch(0)
     assert taken(sub) == [2] and delaying.due_of(q, 1) == 500
@@ -332,7 +332,7 @@ def test_a_delayed_message_sleeps_and_wakes_at_its_time_in_its_place():
 def test_a_settle_of_a_delivery_no_longer_live_is_fenced_off_and_answered_lost():
     q = queue()
     sub = subscribe(q, "s", 5)
-    q.enqueue(1, 0)
+    entering.enqueue(q, 1, 0)
     q.dispatch(0)
     taken(sub)
     assert settling.cancel(q, sub, 1, now_ms=0, delay_ms=0) is None
@@ -350,7 +350,7 @@ def test_a_removed_message_stops_counting_at_once_and_is_dropped_when_reached():
     sub = subscribe(q, "s", 5)
     gid = q.group_id("g")
     for seq, g in ((1, 0), (2, gid), (3, 0)):
-        q.enqueue(seq, g)
+        entering.enqueue(q, seq, g)
     assert removal.remove_available(q, 2, gid=gid) and not removal.remove_available(q, 2)
     assert q.depth == 2 and q.groups[gid].count == 0 and removal.is_waiting(q, 3)
     q.dispatch(0)

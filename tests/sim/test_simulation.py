@@ -6,7 +6,7 @@ Replay one failing seed with ``pytest tests/sim --zq-seed=N`` or
 
 import pytest
 
-from zq.core import delaying, grouping, leases, settling
+from zq.core import delaying, entering, grouping, leases, settling
 from zq.core.queue import Queue
 from zq.core.reclaim import Reclaimer
 from zq.testing.checkers import InvariantError
@@ -122,8 +122,8 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     if bug == "sequenced-group-ignores-inflight":
         monkeypatch.setattr(grouping, "can_go", lambda q, grp: True)
     elif bug == "ordered-queue-ignores-rank":
-        original_enqueue = Queue.enqueue_ranked
-        monkeypatch.setattr(Queue, "enqueue_ranked", lambda self, seq, gid, key: original_enqueue(self, seq, gid, seq))
+        original_enqueue = entering.enqueue_ranked
+        monkeypatch.setattr(entering, "enqueue_ranked", lambda q, seq, gid, key: original_enqueue(q, seq, gid, seq))
     elif bug == "explain-misplaces-returned":
         import zq.core.explain as explain_module
 
@@ -169,12 +169,12 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         monkeypatch.setattr(Reclaimer, "take_back", lambda self, sub, seqs, epochs, kept, kept_epochs: original_reclaim(
             self, sub, seqs + kept, epochs + kept_epochs, [], []))
     elif bug == "poison-let-in":  # a message the queue cannot evaluate enters anyway, at level 0
-        monkeypatch.setattr(Queue, "judge", lambda self, seq, headers, payload, topic: (0, None))
+        monkeypatch.setattr(entering, "judge", lambda q, seq, headers, payload, topic: (0, None))
     elif bug == "poison-everything":  # every message of an ordered queue set aside
-        def judge(self, seq, headers, payload, topic):
-            self.poison(seq, ValueError("planted"))
+        def judge(q, seq, headers, payload, topic):
+            entering.poison(q, seq, ValueError("planted"))
 
-        monkeypatch.setattr(Queue, "judge", judge)
+        monkeypatch.setattr(entering, "judge", judge)
     elif bug == "redelivery-back-to-the-stuck-holder":  # an expired or failed delivery: the usual choice
         from zq.core import choosing
         from zq.core.aside import SetAside

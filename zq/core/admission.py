@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zq.core import limits
+from zq.core import entering, limits
 from zq.core import records as R
 from zq.core.errors import LimitError, ProtocolError, QueueFullError
 from zq.core.settings import DEDUP_WINDOW_MS_DEFAULT, check_topic
@@ -147,20 +147,20 @@ class Admission:
             if q.barrier.fn is not None or q.ordered or q.tqd or due or q.last_values.fn is not None:
                 self.enqueue_each(q, topic, items, first, due)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
-                q.enqueue_run(first, len(items))  # no message of the batch names a group
+                entering.enqueue_run(q, first, len(items))  # no message of the batch names a group
             elif q.grouped:
                 header = q.settings.group_header
                 for i, (payload, headers, _) in enumerate(items):
                     if accept is not None and not accept(headers, payload, topic):
                         continue
                     name = headers.get(header)  # type: ignore[arg-type]
-                    q.enqueue(first + i, q.group_id(name) if name is not None else 0)
+                    entering.enqueue(q, first + i, q.group_id(name) if name is not None else 0)
             elif accept is not None:
                 for i, (payload, headers, _) in enumerate(items):
                     if accept(headers, payload, topic):
-                        q.enqueue(first + i, 0)
+                        entering.enqueue(q, first + i, 0)
             else:
-                q.enqueue_run(first, len(items))
+                entering.enqueue_run(q, first, len(items))
             if q.overflow.limited:
                 self.after_enqueue_limited(q, topic, items, first)
         self.published += len(items)
@@ -185,17 +185,17 @@ class Admission:
             return  # journal-only for now: read back as the queue drains
         level, key = 0, None
         if q.ordered or q.last_values.fn is not None:
-            judged = q.judge(seq, headers, payload, topic)
+            judged = entering.judge(q, seq, headers, payload, topic)
             if judged is None:
                 return  # poison: set aside, dead-lettered when this step drains
             level, key = judged
         if q.barrier.fn is not None and q.barrier.fn(headers, payload, topic):
-            q.enqueue(seq, 0)
+            entering.enqueue(q, seq, 0)
             q.barrier.waiting.append(seq)  # a barrier goes when everything before it is acked: a delay has no meaning
         else:
             name = headers.get(header) if q.grouped and header else None  # type: ignore[arg-type]
             gid = q.group_id(name) if name is not None else 0
-            q.enqueue(seq, gid, level)
+            entering.enqueue(q, seq, gid, level)
             if due and not q.browse:  # browsers see every message at once: nothing is leased
                 q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
         if key is not None:
@@ -244,7 +244,7 @@ class Admission:
         if q.ordered or q.last_values.fn is not None:
             m = self.host.message(seq)
             if m is not None:
-                judged = q.judge(seq, m.headers, m.payload, m.topic)
+                judged = entering.judge(q, seq, m.headers, m.payload, m.topic)
                 if judged is None:
                     return  # poison: set aside, dead-lettered when this step drains
                 level, key = judged
@@ -253,7 +253,7 @@ class Admission:
             if m is not None and q.barrier.fn(m.headers, m.payload, m.topic):
                 gid = 0
                 q.barrier.waiting.append(seq)
-        q.enqueue(seq, gid, level)
+        entering.enqueue(q, seq, gid, level)
         if key is not None:
             q.last_values.admit(seq, key)
         if q.overflow.limited:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from mypy_extensions import trait
 
-from zq.core import delaying
+from zq.core import delaying, entering
 from zq.core import records as R
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class TargetDepthMixin:
             if name is not None and q.can_take_group(name):
                 gid = q.group_id(name)
         q.published -= 1  # counted when it was published, not again now
-        q.enqueue(m.seq, gid)
+        entering.enqueue(q, m.seq, gid)
         if q.inactive_due:
             due = q.inactive_due.pop(m.seq, 0)
             if due > self.now_ms:  # its delay was journaled when it was published: not again

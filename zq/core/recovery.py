@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from zq.core import limits
+from zq.core import entering, limits
 from zq.core import records as R
 from zq.core.errors import ZqError
 from zq.core.settings import QueueSettings
@@ -163,7 +163,7 @@ class Replay:
         if q.ordered or q.last_values.fn is not None:
             m = msg if msg.copy_of is None else self.host.message(msg.seq)
             if m is not None:
-                judged = q.judge(msg.seq, m.headers, m.payload, m.topic)
+                judged = entering.judge(q, msg.seq, m.headers, m.payload, m.topic)
                 if judged is None:
                     return  # poison (journaled by a zq that let it in): set aside, said at the first drain
                 level, key = judged
@@ -173,7 +173,7 @@ class Replay:
             name = msg.headers.get(q.settings.group_header)  # type: ignore[arg-type]
             if name is not None and q.can_take_group(name):
                 gid = q.group_id(name)
-        q.enqueue(msg.seq, gid, level)
+        entering.enqueue(q, msg.seq, gid, level)
         if barrier:
             q.barrier.waiting.append(msg.seq)
         if key is not None:
