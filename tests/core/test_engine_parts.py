@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from zq.core import QueueSettings
-from zq.core import limits
+from zq.core import inventory, limits
 from zq.core import records as R
 from zq.core.engine import Engine
 from zq.core.errors import LimitError, ProtocolError, QueueFullError, ReservedNameError
@@ -283,8 +283,8 @@ def test_a_replay_puts_back_what_is_not_done_in_order_with_its_counts():
     written: dict[str, int] = {}
     replay.finish({"more": 3}, written)
     q = e.queues["jobs"]
-    assert list(q.waiting()) == [2] and q.deliveries_of(2) == 1
-    assert list(e.queues["more"].waiting()) == [3]
+    assert list(inventory.waiting(q)) == [2] and q.deliveries_of(2) == 1
+    assert list(inventory.waiting(e.queues["more"])) == [3]
     assert written == {"jobs": -1, "more": 3} and list(e.times.ms) == [100, 101]
 
 

@@ -709,26 +709,7 @@ class Queue:
         sub.waiting_groups.clear()
         self.dirty = True
 
-    # --------------------------------------------------------------- views
-    # (zq.core.inventory reads where messages wait; these are the engine's ways in)
-
-    def waiting(self) -> Iterator[int]:
-        return inventory.waiting(self)
-
-    def oldest_waiting(self) -> int | None:
-        return inventory.oldest_waiting(self)
-
-    def oldest_waiting_ungrouped(self) -> int | None:
-        return inventory.oldest_waiting_ungrouped(self)
-
-    def oldest_skipped(self) -> int | None:
-        return self.aside.oldest()
-
-    def compute_recovery_point(self, next_seq: int) -> int:
-        return inventory.compute_recovery_point(self, next_seq)
-
-    def group_summary(self) -> dict:
-        return inventory.group_summary(self)
+    # --------------------------------------------------------------- counts
 
     def deliveries_of(self, seq: int) -> int:
         return self.meta.get(seq, 0) & _D_MASK

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from zq.core import entering, limits
+from zq.core import entering, inventory, limits
 from zq.core import records as R
 from zq.core.errors import ZqError
 from zq.core.settings import QueueSettings
@@ -77,7 +77,7 @@ class RecoveryPoints:
             if queues.get(q.name) is not q:
                 self.ring_made = -1  # deleted or replaced: the ring is built again next time
                 continue
-            rp = q.compute_recovery_point(next_seq)
+            rp = inventory.compute_recovery_point(q, next_seq)
             q.rp = rp
             if self.written.get(q.name) != rp:
                 self.written[q.name] = rp
@@ -92,7 +92,7 @@ class RecoveryPoints:
     def lowest(self) -> int:
         """Below this, every queue is finished with every record (retention may delete)."""
         host = self.host
-        rps = [q.compute_recovery_point(host.next_seq) for q in host.queues.values()]
+        rps = [inventory.compute_recovery_point(q, host.next_seq) for q in host.queues.values()]
         return min(rps, default=host.next_seq)
 
 

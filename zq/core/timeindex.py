@@ -14,6 +14,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
+from zq.core import inventory
+
 if TYPE_CHECKING:
     from zq.core.queue import Queue
 
@@ -70,7 +72,7 @@ class TimeIndex:
         i = bisect_right(self.seqs, q.rp) - 1
         best = max(q.group_sweep_due_ms, self.ms[max(i, 0)] + e)
         # Ordered queues: the heap's are found by the sweep; those set aside by filters at every advance.
-        oldest = q.oldest_skipped() if q.ordered else q.oldest_waiting_ungrouped()
+        oldest = q.aside.oldest() if q.ordered else inventory.oldest_waiting_ungrouped(q)
         if oldest is not None:
             i = bisect_right(self.seqs, oldest) - 1
             best = min(best, self.ms[i] + e if i >= 0 else now_ms + e)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
-from zq.core import expr, limits
+from zq.core import expr, inventory, limits
 from zq.core.errors import NotSupportedError
 from zq.core.query import Query
 from zq.core.settings import QueueSettings
@@ -90,7 +90,7 @@ class Views:
             "barriers": {"waiting": len(q.barrier.waiting), "released": q.barrier.released},
             "semantics": q.settings.semantics,
             "oldest_ms": self.oldest_waiting_ms(q),
-            "oldest_bookmark": q.oldest_waiting() if q.depth else None,  # what zq top explains
+            "oldest_bookmark": inventory.oldest_waiting(q) if q.depth else None,  # what zq top explains
             "ack_latency": {"buckets_ms": list(ACK_LATENCY_BUCKETS_MS), "counts": list(q.ack_latency),
                             "sum_ms": q.ack_latency_sum_ms, "ms": dict(q.ack_latency_ms)},
             "consumers": [
@@ -101,7 +101,7 @@ class Views:
             ],
         }
         if q.grouped:
-            out["group_summary"] = q.group_summary()
+            out["group_summary"] = inventory.group_summary(q)
         if q.fair_share is not None and q.settings.tenant_header:
             out["tenants"] = q.fair_share.summary()
         return out
@@ -110,7 +110,7 @@ class Views:
         """Age of the oldest waiting message (ms), or None when nothing waits."""
         if not q.depth:
             return None
-        oldest = q.oldest_waiting()
+        oldest = inventory.oldest_waiting(q)
         now = self.host.now_ms
         return None if oldest is None else now - self.times.publish_time_ms(oldest, now)
 
@@ -122,7 +122,7 @@ class Views:
         q = self.host.queue(queue)
         match = self.host.matcher(expr.compile_filter(filter, self.host.expr_limits)) if filter else None
         out: list[tuple[int, int]] = []
-        for i, seq in enumerate(q.waiting()):
+        for i, seq in enumerate(inventory.waiting(q)):
             if len(out) >= limit or i >= limits.VIEW_SCAN_MAX:
                 break
             if match is None or match(seq):
@@ -136,7 +136,7 @@ class Views:
             raise NotSupportedError("queries need an engine with a content reader (a journal)")
         qry = Query(group_by, aggregates, filter, self.host.expr_limits)
         truncated = False
-        for i, seq in enumerate(q.waiting()):
+        for i, seq in enumerate(inventory.waiting(q)):
             if i >= limits.VIEW_SCAN_MAX:
                 truncated = True
                 break
