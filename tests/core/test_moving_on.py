@@ -148,8 +148,8 @@ def test_a_message_dropped_without_a_dead_letter_queue_answers_dead_too():
 def test_the_memory_of_dead_bookmarks_is_bounded():
     q = Harness(jobs()).engine.queues["jobs"]
     for seq in range(1, DEAD_REMEMBERED + 101):
-        q.remember_dead(seq)
-    assert len(q.dead_recent) == len(q.dead_order) == DEAD_REMEMBERED
+        q.recently_dead.remember(seq)
+    assert len(q.recently_dead.seqs) == len(q.recently_dead.order) == DEAD_REMEMBERED
     assert q.settle_result(1, 10**9) == "done" and q.settle_result(DEAD_REMEMBERED + 100, 10**9) == "dead"
 
 

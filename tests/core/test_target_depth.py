@@ -29,17 +29,17 @@ def test_only_the_first_n_are_active_and_the_rest_are_read_in_as_the_queue_drain
     seqs = h.pub("deep", 10)
     h.drain()
     q = h.engine.queues["deep"]
-    assert (q.depth, q.inactive) == (3, 7)
+    assert (q.depth, q.target.inactive) == (3, 7)
     assert [s for s, _ in h.engine.peek("deep", 100)] == seqs[:3]  # views see the active part
     stats = h.engine.stats()["queues"]["deep"]
     assert (stats["depth"], stats["inactive"], stats["kind"]) == (3, 7, "tqd=3")
     h.sub("w", "deep", backlog=2)
     got = work_through(h, "w", steps=20, each=lambda: q.active() <= 3)
     assert got == seqs  # in order, nothing lost, nothing twice
-    assert (q.depth, q.inactive, len(q.lease_of)) == (0, 0, 0)
+    assert (q.depth, q.target.inactive, len(q.lease_of)) == (0, 0, 0)
     h.drain()
     more = h.pub("deep", 2)  # an empty queue admits directly again
-    assert (q.active(), q.inactive) == (2, 0)
+    assert (q.active(), q.target.inactive) == (2, 0)
     assert h.drain() == {"w": more}
 
 
@@ -49,7 +49,7 @@ def test_acks_for_messages_not_yet_active_are_remembered_and_honoured():
     h.drain()
     h.sub("w", "deep", backlog=10)
     assert h.engine.ack("w", [seqs[4]], h.now) == []  # inactive: acknowledged early
-    assert h.engine.queues["deep"].inactive == 2
+    assert h.engine.queues["deep"].target.inactive == 2
     got = h.drain().get("w", [])
     assert [e.bookmarks for e in h.events(R.ACKED)] == [[seqs[4]]]
     for _ in range(5):
@@ -71,7 +71,7 @@ def test_recovery_keeps_the_split_and_the_early_acks():
     journal.commit(0)
     again = recover_engine(journal, [TQD])
     q = again.queues["deep"]
-    assert (q.depth, q.inactive, q.early_acks) == (3, 4, {seqs[6]})
+    assert (q.depth, q.target.inactive, q.target.early_acks) == (3, 4, {seqs[6]})
     again.subscribe("w", "deep", "w", 10, 0)
     got = []
     for _ in range(10):
@@ -93,7 +93,7 @@ def test_dead_letters_into_a_target_depth_queue_wait_their_turn():
     h.engine.cancel("w", seqs, h.now)  # out of deliveries: dead-lettered
     h.drain()
     dlq = h.engine.queues["dlq"]
-    assert (dlq.depth, dlq.inactive) == (1, 2)
+    assert (dlq.depth, dlq.target.inactive) == (1, 2)
     h.sub("d", "dlq", backlog=5)
     got = work_through(h, "d", steps=5)
     assert len(got) == 3 and got == sorted(got)
@@ -117,7 +117,7 @@ def test_a_refill_behind_many_other_records_goes_on_over_several_steps_without_s
     last = h.pub("deep", 3)  # ... these, journal-only too
     h.drain()
     q = h.engine.queues["deep"]
-    assert q.inactive == 5
+    assert q.target.inactive == 5
     got = list(first)
     steps = budget_hit = 0
     while len(got) < 6 and steps < 50:
@@ -125,7 +125,7 @@ def test_a_refill_behind_many_other_records_goes_on_over_several_steps_without_s
         h.engine.ack("w", got[-1:], h.now)
         out = h.drain().get("w", [])
         got += out
-        if q.tqd_scanning:  # the step stopped at its scan budget and asks to run again at once
+        if q.target.scanning:  # the step stopped at its scan budget and asks to run again at once
             budget_hit += 1
             assert h.engine.next_deadline_ms() == h.now
     assert got[-3:] == last and len(got) == 6 and budget_hit >= 1

@@ -144,7 +144,7 @@ class Admission:
         for q in queues:
             self.host.touch(q)
             accept = q.filter
-            if q.barrier.fn is not None or q.ordered or q.tqd or due or q.last_values.fn is not None:
+            if q.barrier.fn is not None or q.ordered or q.target.limit or due or q.last_values.fn is not None:
                 self.enqueue_each(q, topic, items, first, due)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
                 entering.enqueue_run(q, first, len(items))  # no message of the batch names a group
@@ -178,9 +178,9 @@ class Admission:
 
     def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
                     header: str | None, due: int = 0) -> None:
-        if q.tqd and not q.admit(seq):
+        if q.target.limit and not q.target.admit(seq):
             if due:  # journaled below; kept here until the message is read back in
-                q.inactive_due[seq] = due
+                q.target.due[seq] = due
                 q.delays_out.append((seq, 0, due, R.DELAY_PUBLISHED))
             return  # journal-only for now: read back as the queue drains
         level, key = 0, None
@@ -238,7 +238,7 @@ class Admission:
         """A copy (dead letter, move, redrive) enters ``q``: it is never refused, but it
         counts toward the queue's limits (ring queues make room)."""
         self.host.touch(q)
-        if q.tqd and not q.admit(seq):
+        if q.target.limit and not q.target.admit(seq):
             return  # journal-only for now: read back as the queue drains
         level, key = 0, None
         if q.ordered or q.last_values.fn is not None:

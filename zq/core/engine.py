@@ -377,7 +377,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         if refused:
             gone = set(refused)
             seqs = [seq for seq in seqs if seq not in gone]
-            if q.inactive:
+            if q.target.inactive:
                 refused = [seq for seq in refused if not self.ack_inactive(q, sub, seq)]
         self.times.count_acks(q, seqs, now, self.next_seq)  # publish -> ack latencies
         return refused
@@ -485,7 +485,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         for q in self.touched:  # (after a drain: only those with work left, or touched since)
             if self.queues.get(q.name) is not q:
                 continue
-            if q.tqd_scanning or q.out_of_budget:
+            if q.target.scanning or q.out_of_budget:
                 return self.now_ms
             d = self.deadline_of(q)
             if d is not None and (best is None or d < best):
@@ -547,7 +547,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
             while i < len(order):
                 q = order[i]
                 i += 1
-                if q.inactive and q.active() < q.tqd:
+                if q.target.inactive and q.active() < q.target.limit:
                     self.refill(q)
                 if q.dirty:
                     if budget > 0 or not q.filtered:
@@ -598,7 +598,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         for q in visited:
             self.schedule(q)
             self.points.visit(q)  # (one carried from step to step is not touched again)
-            if q.out_of_budget or q.tqd_scanning or (q.inactive and q.active() < q.tqd):
+            if q.out_of_budget or q.target.scanning or (q.target.inactive and q.active() < q.target.limit):
                 left.append(q)
             else:
                 q.touched = False

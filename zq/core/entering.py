@@ -19,10 +19,34 @@ from typing import TYPE_CHECKING
 
 from zq.core import grouping
 from zq.core import records as R
-from zq.core.expr import Unevaluable
+from zq.core.expr import Unevaluable, compile_value
+from zq.core.fairshare import FairShare
+from zq.core.ordering import level_function, priority_level, sort_level
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from zq.core.queue import Queue
+    from zq.core.settings import QueueSettings
+
+    LevelFn = Callable[[dict[str, str], bytes, str], int]
+    ValueFn = Callable[[dict[str, str], bytes, str], object]
+
+
+def ranking(s: QueueSettings) -> tuple[LevelFn | None, ValueFn | None, FairShare | None]:
+    """How a queue ranks what enters: (its level function, its raw priority expression,
+    its fair share). A priority or sort key gives a level per message (zq.core.ordering);
+    a fair queue (zq.core.fairshare) ranks by a tag that moves with each message, reading
+    its priority expression raw and ageing it there. All None: a FIFO queue."""
+    priority_fn = compile_value(s.priority).fn if s.priority else None
+    fair_share = (FairShare(s.tenant_header, s.tenant_weights, s.tenant_default_weight, s.priority_aging)
+                  if s.fair() else None)
+    level_fn = None
+    if fair_share is None and priority_fn is not None:
+        level_fn = level_function(priority_fn, priority_level)
+    elif s.sort_key:
+        level_fn = level_function(compile_value(s.sort_key).fn, sort_level)
+    return level_fn, priority_fn, fair_share
 
 
 def judge(q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str) -> tuple[int, object] | None:

@@ -89,7 +89,7 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         elif not q.covers(topic) or seq < q.settings.start_seq:
             out["why"] = [f"not a message of this queue (its topic {topic!r} is not one of the queue's, or it was "
                           "published before the queue existed)"]
-        elif q.inactive:
+        elif q.target.inactive:
             out["why"] = ["settled (acked, expired or dead-lettered: see its history), or waiting in the journal-only "
                           "part of this TargetQueueDepth queue, read back as the queue drains"]
         else:

@@ -38,6 +38,13 @@ class Group:
         return self.phead < len(self.pending)
 
 
+def policy(name: str) -> tuple[bool, bool, bool]:
+    """(exclusive, owned, held while busy) of a group policy: ``owned`` -- a group has a
+    holder, and only the holder takes its next messages, up to its credit: for life in
+    ``exclusive``, while it holds any of them in ``sequenced`` (Qpid's QIP, policy 2)."""
+    return name == "exclusive", name in ("exclusive", "sequenced"), name == "sequenced"
+
+
 def push_ready(q: Queue, grp: Group) -> None:
     """The group can go: its head competes for dispatch by its rank."""
     heapq.heappush(q.ready, (q.key_of(grp.pending[grp.phead]), grp.gid))

@@ -154,8 +154,8 @@ def compute_recovery_point(q: Queue, next_seq: int) -> int:
         rp = min(rp, min(q.lease_of))
     if q.removed:
         rp = min(rp, min(q.removed))
-    if q.inactive or q.early_acks:
-        rp = min(rp, q.tqd_cursor)
+    if q.target.inactive or q.target.early_acks:
+        rp = min(rp, q.target.cursor)
     return rp
 
 

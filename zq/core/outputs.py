@@ -68,7 +68,7 @@ class Outputs:
             if reason != R.REASON_BARRIER:
                 for seq, d in zip(seqs, ds):
                     if d:
-                        q.remember_dead(seq)
+                        q.recently_dead.remember(seq)
             errors = [q.poison_errors.pop(seq, "") for seq in seqs] if reason == R.REASON_POISON else []
             target = q.settings.dead_letter
             if target and reason not in R.NOT_DEAD_LETTERED:

@@ -52,41 +52,42 @@ so the engine keeps a time index (ms -> first sequence number published at or af
 it) and a message is too old exactly when its sequence number is at or below the
 queue's *expired watermark* (``zq.core.expiry``).
 
-The queue coordinates parts that each own one idea: ``LeaseClock``, ``DelayTimer`` and
-``CauseLedger`` (``zq.core.causes``), the set-aside list (``zq.core.aside``), who gets the next
-message (``zq.core.choosing``), what runs out with time (``zq.core.expiry``), browsing
-(``zq.core.browse``), and the read-only views of where messages wait
-(``zq.core.inventory``). Dispatch, the waiting places and the settles stay here: they
-are the hot path, and they share every structure above.
+The queue coordinates parts that each own one idea (docs/architecture.md, "A queue's
+parts"): entering (``zq.core.entering``), leases (``leases``), settles (``settling``),
+groups (``grouping``), the choice of subscription (``choosing``), the set-aside list
+(``aside``), delays (``delaying``), expiry (``expiry``), removal (``removal``), size
+limits and last values (``overflow``), barriers (``barriers``), reclaiming
+(``reclaim``), browsing (``browse``), target depth (``depth``), causes (``causes``) and
+the read-only views (``inventory``). Dispatch and the waiting places stay here: they
+are the hot path, and every part reads them.
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left, insort
-from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from zq.core import browse, choosing, delaying, expiry, grouping, inventory, leases, limits, removal, settling
+from zq.core import browse, choosing, delaying, entering, expiry, grouping, inventory, leases, limits, removal, settling
 from zq.core import records as R
 from zq.core.aside import SetAside
 from zq.core.barriers import Barriers
 from zq.core.causes import CauseLedger, Causes
-from zq.core.errors import LimitError
 from zq.core.delaying import DelayTimer
+from zq.core.depth import TargetDepth
+from zq.core.errors import LimitError
+from zq.core.expr import compile_filter
 from zq.core.grouping import Group
 from zq.core.leases import Lease, LeaseClock
+from zq.core.ordering import SEQ_MASK
 from zq.core.overflow import LastValues, Overflow
 from zq.core.reclaim import Reclaimer
-from zq.core.expr import Unevaluable, compile_filter, compile_value
-from zq.core.fairshare import FairShare
 from zq.core.regex import compile_pattern
-from zq.core.ordering import SEQ_MASK, level_function, priority_level, sort_level
 from zq.core.settings import QueueSettings
+from zq.core.settling import RecentlyDead
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable
 
 _D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63
 _C_ONE = 1 << 16
@@ -153,40 +154,20 @@ class Queue:
         self.topic_re = compile_pattern(s.topics) if s.topics is not None else None
         self.at_most_once = s.semantics == "at-most-once"
         self.fairness = s.effective_fairness()
-        # Group policies (docs/protocol.md §11). ``owned``: a group has a holder, and only
-        # the holder takes its next messages, up to the holder's credit: for life in
-        # ``exclusive``, while it holds any of them in ``sequenced`` (Qpid's QIP, policy 2).
-        # ``one-in-flight``: no holder, one message of a group out at a time.
-        self.exclusive = s.group_policy == "exclusive"
-        self.owned = s.group_policy in ("exclusive", "sequenced")
-        self.held_while_busy = s.group_policy == "sequenced"
+        self.exclusive, self.owned, self.held_while_busy = grouping.policy(s.group_policy)
         self.grouped = bool(s.group_header) and not s.browse_only  # browsers ignore groups: nothing is leased
         self.filter = compile_filter(s.filter).fn if s.filter else None  # (headers, payload, topic) -> bool
         self.overflow = Overflow(self, s)  # max_depth / max_bytes (zq.core.overflow)
         self.last_values = LastValues(self, s)  # a last-value queue's newest of each key
         self.barrier = Barriers(self, s)  # messages that wait for every earlier one's ack (zq.core.barriers)
         self.browse = s.browse_only
-        # Priority / sorted queues: waiting messages are ranked (see zq.core.ordering).
-        # Fair queues (zq.core.fairshare) rank by a tag that moves with each message; their
-        # priority expression is read raw (``priority_fn``) and aged there.
-        self.level_fn = None
-        self.priority_fn = compile_value(s.priority).fn if s.priority else None
-        self.fair_share = (FairShare(s.tenant_header, s.tenant_weights, s.tenant_default_weight, s.priority_aging)
-                           if s.fair() else None)
-        if self.fair_share is None and self.priority_fn is not None:
-            self.level_fn = level_function(self.priority_fn, priority_level)
-        elif s.sort_key:
-            self.level_fn = level_function(compile_value(s.sort_key).fn, sort_level)
+        # Priority, sorted and fair queues rank waiting messages (zq.core.entering.ranking).
+        self.level_fn, self.priority_fn, self.fair_share = entering.ranking(s)
         self.ordered = self.level_fn is not None or self.fair_share is not None
         self.ranks: dict[int, int] = {}  # ordered: the rank of each message outside the heap
         self.heap_oldest: int | None = None  # ordered: oldest seq in the heap (None: unknown)
         self.key_floor = -(1 << 400) if self.ordered else -1  # below every rank
-        # TargetQueueDepth (see zq.core.depth): at most ``tqd`` messages in memory.
-        self.tqd = s.target_queue_depth
-        self.inactive = 0  # messages of the queue in the journal only, at or above tqd_cursor
-        self.tqd_cursor = 0
-        self.early_acks: set[int] = set()  # inactive messages acknowledged before they were read in
-        self.tqd_scanning = False  # a refill stopped at its scan budget: go on at the next step
+        self.target = TargetDepth(self, s.target_queue_depth)  # TargetQueueDepth (zq.core.depth)
         self.fifo = array("Q")
         self.fifo_gid = array("I")
         self.head = 0
@@ -202,9 +183,7 @@ class Queue:
         self.removed_gid: dict[int, int] = {}  # removed ones whose group already stopped counting them
         self.subs: list[Subscription] = []
         self.filtered = 0  # subscriptions with a content filter
-        # Filter evaluations of the dispatch under way, against its budget (the engine's, per
-        # step): ten thousand filtered subscriptions once held the loop for seconds per publish.
-        self.matches = 0
+        self.matches = 0  # filter evaluations of the dispatch under way, against the step's budget
         self.out_of_budget = False  # the last dispatch stopped at its budget: the next step goes on
         self.offered = 0  # the dispatch under way: set-aside messages ranked below this were offered
         self.aside = SetAside(self)  # messages no subscription with credit would take (filters)
@@ -236,27 +215,18 @@ class Queue:
         self.delays = DelayTimer()
         self.sleeping: set[int] = set()  # ranks of delayed messages of no group that dispatch set aside
         self.delays_out: list[tuple[int, int, int, str]] = []  # this step's: seq, deliveries, due ms, reason
-        self.inactive_due: dict[int, int] = {}  # TargetQueueDepth: delays of journal-only messages
         self.retries_delayed = 0  # returns that waited for the retry schedule (stats)
         self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
-        # Delivery accounting by cause (see Causes); ``causes_done``: this step's finished
-        # messages' (their dead letters carry them), cleared by the engine after each drain.
-        self.ledger = CauseLedger(s)
+        self.ledger = CauseLedger(s)  # why deliveries ended unfinished (zq.core.causes)
         self.backoff = s.backoff_ms
         self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
         self.reclaiming = Reclaimer(self)  # reclaiming unstarted work (zq.core.reclaim)
-        # Moving on from a stuck holder: seq -> the consumer whose delivery of it ended by
-        # lease expiry or failure, while it waits to go again. Dispatch prefers anyone else
-        # with credit (``choose_avoiding``); the holder gets it again only when nobody else
-        # can take it. A handler stuck for ten minutes must not burn its message's
-        # deliveries while idle workers wait (SQS and RabbitMQ redeliver to anyone).
+        # Moving on from a stuck holder (zq.core.choosing.choose_avoiding): seq -> the consumer
+        # whose delivery of it expired or failed, while it waits to go again.
         self.last_holder: dict[int, str] = {}
-        # Recently dead-lettered (or dropped, expired) messages that had been delivered, so
-        # a late settle answers ``dead`` rather than ``done``; bounded, oldest forgotten first.
-        self.dead_recent: set[int] = set()
-        self.dead_order: deque[int] = deque()
+        self.recently_dead = RecentlyDead()  # what a late settle is told (zq.core.settling)
 
     def alter(self, s: QueueSettings) -> None:
         """Take new settings on a live queue (``manage.ALTERABLE`` ones only changed)."""
@@ -551,22 +521,10 @@ class Queue:
 
     def held(self) -> int:
         """Messages in the queue: waiting, leased and inactive (what max_depth counts)."""
-        return self.depth + len(self.lease_of) + self.inactive
+        return self.depth + len(self.lease_of) + self.target.inactive
 
     def active(self) -> int:
         return self.depth + len(self.lease_of)
-
-    def admit(self, seq: int) -> bool:
-        """TargetQueueDepth: does new message ``seq`` go straight into the active part? If
-        not, it stays in the journal only (counted, read back later in order)."""
-        if not self.inactive and self.active() < self.tqd:
-            self.tqd_cursor = seq + 1
-            return True
-        if not self.inactive:
-            self.tqd_cursor = seq
-        self.inactive += 1
-        self.published += 1
-        return False
 
     # ----------------------------------------------------- ending a delivery
 
@@ -611,15 +569,6 @@ class Queue:
 
     def causes_of(self, seq: int) -> Causes | None:
         return self.ledger.open.get(seq)
-
-    def remember_dead(self, seq: int) -> None:
-        """``seq`` left unacknowledged after a delivery: a late settle answers ``dead``."""
-        if seq in self.dead_recent:
-            return
-        self.dead_recent.add(seq)
-        self.dead_order.append(seq)
-        if len(self.dead_order) > limits.DEAD_REMEMBERED:
-            self.dead_recent.discard(self.dead_order.popleft())
 
     def expire_waiting(self, seq: int, gid: int, reason: str) -> None:
         """Expire a message already taken out of its waiting place."""

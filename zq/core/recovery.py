@@ -155,9 +155,9 @@ class Replay:
             if m is None or not q.filter(m.headers, m.payload, m.topic):
                 return
         due = self.delays[q.name].get(msg.seq, 0)
-        if q.tqd and not q.admit(msg.seq):
+        if q.target.limit and not q.target.admit(msg.seq):
             if due:
-                q.inactive_due[msg.seq] = due
+                q.target.due[msg.seq] = due
             return  # stays in the journal: read in as the queue drains
         level, key = 0, None
         if q.ordered or q.last_values.fn is not None:
@@ -194,8 +194,8 @@ class Replay:
         host = self.host
         for q in host.queues.values():
             q.published = 0
-            if q.inactive:  # acknowledged before they were read in: skip them when they are
-                q.early_acks = {s for s in self.done[q.name] if s >= q.tqd_cursor}
+            if q.target.inactive:  # acknowledged before they were read in: skip them when they are
+                q.target.early_acks = {s for s in self.done[q.name] if s >= q.target.cursor}
             written[q.name] = recovery_points.get(q.name, -1)
             if not q.at_most_once and (q.settings.max_deliveries or q.ledger.limited()):
                 expire_exhausted(q)
@@ -209,7 +209,7 @@ def fold_event(q: Queue, ev: R.Event, done: set[int], counts: dict[int, list[int
         if kind == R.EXPIRED and ev.reason != R.REASON_BARRIER:
             for seq, d in zip(ev.bookmarks, ev.deliveries):
                 if d:
-                    q.remember_dead(seq)
+                    q.recently_dead.remember(seq)
     elif kind == R.DELAYED:
         delays.update(zip(ev.bookmarks, ev.due_ms))
     elif kind == R.LEASED:

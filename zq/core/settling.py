@@ -15,13 +15,33 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
+from collections import deque
 from typing import TYPE_CHECKING
 
-from zq.core import browse, delaying, grouping, leases, removal
+from zq.core import browse, delaying, grouping, leases, limits, removal
 from zq.core import records as R
 
 if TYPE_CHECKING:
     from zq.core.queue import Queue, Subscription
+
+class RecentlyDead:
+    """Messages that left the queue unacknowledged after a delivery (dead-lettered,
+    dropped, expired, replaced), recently: a late settle of one answers ``dead`` rather
+    than ``done`` (``settle_result``). Bounded (``limits.DEAD_REMEMBERED`` per queue, while
+    the dispatcher runs), the oldest forgotten first."""
+
+    def __init__(self) -> None:
+        self.seqs: set[int] = set()
+        self.order: deque[int] = deque()
+
+    def remember(self, seq: int) -> None:
+        if seq in self.seqs:
+            return
+        self.seqs.add(seq)
+        self.order.append(seq)
+        if len(self.order) > limits.DEAD_REMEMBERED:
+            self.seqs.discard(self.order.popleft())
+
 
 _D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63 (as in zq.core.queue)
 _C_ONE = 1 << 16
@@ -145,7 +165,7 @@ def settle_result(q: Queue, seq: int, next_seq: int) -> str:
     ``unknown`` -- no such bookmark was ever given out."""
     if seq in q.meta:
         return "lost"
-    if seq in q.dead_recent:
+    if seq in q.recently_dead.seqs:
         return "dead"
     if 0 < seq < next_seq:
         return "done"

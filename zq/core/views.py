@@ -71,7 +71,7 @@ class Views:
             "dead_lettered": q.dead_lettered,
             "redelivered": q.redelivered,
             "lost": q.lost_settles,
-            "delayed": len(q.delays.due) + len(q.inactive_due),
+            "delayed": len(q.delays.due) + len(q.target.due),
             "retries_delayed": q.retries_delayed,
             "renewed": q.renewed,
             "failed": q.ledger.failed,
@@ -85,7 +85,7 @@ class Views:
                          "breaches": q.overflow.breaches, "rejected": q.overflow.rejected, "dropped": q.overflow.dropped},
             "replaced": q.last_values.replaced,
             "poisoned": q.poisoned,  # set aside: content the queue could not evaluate (R.REASON_POISON)
-            "inactive": q.inactive,
+            "inactive": q.target.inactive,
             "kind": queue_kind(q.settings),
             "barriers": {"waiting": len(q.barrier.waiting), "released": q.barrier.released},
             "semantics": q.settings.semantics,

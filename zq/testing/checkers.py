@@ -466,12 +466,12 @@ class Oracle:
             if both:
                 raise InvariantError(f"{name}: {sorted(both)[:5]} both waiting and leased")
             present = waiting | live
-            if q.tqd:
-                if q.active() > q.tqd:
-                    raise InvariantError(f"{name}: {q.active()} messages in memory over target_queue_depth {q.tqd}")
+            if q.target.limit:
+                if q.active() > q.target.limit:
+                    raise InvariantError(f"{name}: {q.active()} messages in memory over target_queue_depth {q.target.limit}")
                 journal_only = view.open - present
-                if len(journal_only) != q.inactive or any(s < q.tqd_cursor for s in journal_only):
-                    raise InvariantError(f"{name}: {q.inactive} inactive from {q.tqd_cursor}, but the journal-only "
+                if len(journal_only) != q.target.inactive or any(s < q.target.cursor for s in journal_only):
+                    raise InvariantError(f"{name}: {q.target.inactive} inactive from {q.target.cursor}, but the journal-only "
                                          f"messages are {sorted(journal_only)[:10]}")
                 present |= journal_only
             if present != view.open:
