@@ -355,3 +355,80 @@ def test_a_removed_message_stops_counting_at_once_and_is_dropped_when_reached():
     assert q.depth == 2 and q.groups[gid].count == 0 and removal.is_waiting(q, 3)
     q.dispatch(0)
     assert taken(sub) == [1, 3] and q.removed == set() and gid not in q.groups
+
+
+def test_a_queue_ranks_by_priority_sort_key_or_fair_share_and_a_fifo_not_at_all():
+    assert entering.ranking(QueueSettings(name="q")) == (None, None, None)
+    level_fn, priority_fn, fair = entering.ranking(QueueSettings(name="q", priority="/p"))
+    # a lower level goes first: the higher priority
+    assert fair is None and priority_fn is not None and level_fn({}, b'{"p": 7}', "q") < level_fn({}, b'{"p": 1}', "q")
+    level_fn, _, fair = entering.ranking(QueueSettings(name="q", sort_key="k"))
+    assert fair is None and level_fn({"k": "a"}, b"", "q") < level_fn({"k": "b"}, b"", "q")
+    level_fn, priority_fn, fair = entering.ranking(QueueSettings(name="q", tenant_header="t", priority="/p"))
+    assert level_fn is None and priority_fn is not None and fair is not None  # a fair queue ages the priority itself
+
+
+def test_the_group_policies_say_who_holds_a_group():
+    assert grouping.policy("exclusive") == (True, True, False)
+    assert grouping.policy("sequenced") == (False, True, True)
+    assert grouping.policy("one-in-flight") == (False, False, False)
+
+
+def test_a_late_settle_is_told_dead_only_for_the_recently_dead():
+    dead = settling.RecentlyDead()
+    for seq in range(1, limits.DEAD_REMEMBERED + 3):
+        dead.remember(seq)
+    dead.remember(limits.DEAD_REMEMBERED + 2)  # again: not twice
+    assert len(dead.seqs) == len(dead.order) == limits.DEAD_REMEMBERED
+    assert 1 not in dead.seqs and 2 not in dead.seqs and 3 in dead.seqs  # the oldest forgotten first
+
+
+def test_past_its_target_depth_a_queue_keeps_new_messages_in_the_journal_only():
+    q = queue(target_queue_depth=2)
+    for seq in (1, 2):
+        assert q.target.admit(seq)
+        entering.enqueue(q, seq, 0)
+    assert not q.target.admit(3) and not q.target.admit(4)
+    assert (q.target.inactive, q.target.cursor, q.depth, q.published) == (2, 3, 2, 4)
+
+
+def test_a_last_value_replaces_the_older_waiting_one_and_marks_a_leased_one_superseded():
+    q = queue(lvq_key="k")
+    sub = subscribe(q, "s", 1)
+    entering.enqueue(q, 1, 0)
+    q.last_values.admit(1, "a")
+    q.dispatch(0)
+    assert taken(sub) == [1]
+    entering.enqueue(q, 2, 0)
+    q.last_values.admit(2, "a")  # 1 is leased: it stays with its holder
+    assert q.last_values.superseded(1) and not q.last_values.superseded(2)
+    entering.enqueue(q, 3, 0)
+    q.last_values.admit(3, "a")  # 2 waits: it leaves, replaced
+    assert q.last_values.replaced == 1 and [e[:2] for e in q.expired_out] == [(2, "replaced")]
+
+
+def test_a_barrier_waits_for_every_earlier_ack_then_goes_to_every_subscriber():
+    q = queue(barrier="barrier")
+    a, b = subscribe(q, "a", 5), subscribe(q, "b", 5)
+    for seq in (1, 2, 3):
+        entering.enqueue(q, seq, 0)
+    q.barrier.waiting.append(2)
+    q.dispatch(0)
+    first = taken(a) + taken(b)
+    assert first == [1] and q.barrier.gate(2) is True  # 1 is out: the barrier and 3 wait
+    holder = a if 1 in q.lease_of and q.lease_of[1].sub is a else b
+    assert q.ack(holder, 1) is None
+    q.dispatch(0)
+    assert a.barrier_out == [2] and b.barrier_out == [2] and q.barrier.released == 1
+    assert sorted(taken(a) + taken(b)) == [3]
+
+
+def test_the_size_limits_count_bytes_and_ring_drops_the_oldest():
+    q = queue(max_bytes=100, overflow="ring")
+    for seq in (1, 2, 3):
+        entering.enqueue(q, seq, 0)
+        q.overflow.sizes[seq] = 40
+        q.overflow.bytes += 40
+    assert q.overflow.over() and q.overflow.would_overflow(0, 1) and not q.overflow.over(percent=150)
+    q.overflow.make_room()
+    assert q.overflow.dropped == 1 and q.overflow.bytes == 80 and inventory.waiting_set(q) == {2, 3}
