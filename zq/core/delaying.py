@@ -15,11 +15,12 @@ import heapq
 from typing import TYPE_CHECKING
 
 from zq.core import grouping
+from zq.core.leases import D_MASK
+
 
 if TYPE_CHECKING:
     from zq.core.queue import Queue
 
-_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15 (as in zq.core.queue)
 
 
 class DelayTimer:
@@ -76,7 +77,7 @@ def mark(q: Queue, seq: int, gid: int, due_ms: int, reason: str, journal: bool =
     """``seq``, waiting in its place, may not go before ``due_ms``."""
     q.delays.mark(seq, gid, due_ms)
     if journal:
-        q.delays_out.append((seq, q.meta.get(seq, 0) & _D_MASK, due_ms, reason))
+        q.delays_out.append((seq, q.meta.get(seq, 0) & D_MASK, due_ms, reason))
     q.dirty = True
 
 

@@ -14,14 +14,13 @@ from bisect import bisect_left, bisect_right
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from zq.core.ordering import SEQ_MASK
+from zq.core.ordering import NO_RANK, SEQ_MASK
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from zq.core.queue import Queue
 
-_NONE = 1 << 64  # "no candidate here": above every rank (as in zq.core.queue)
 
 
 def heap_in_order(heap: list[int]) -> Iterator[int]:
@@ -142,8 +141,8 @@ def oldest_in_heap(q: Queue) -> int | None:
     message leaves the heap (pushes only ever bring the oldest down)."""
     if q.heap_oldest is None:
         removed = q.removed
-        q.heap_oldest = min((k & SEQ_MASK for k in q.returned if k & SEQ_MASK not in removed), default=_NONE)
-    return None if q.heap_oldest == _NONE else q.heap_oldest
+        q.heap_oldest = min((k & SEQ_MASK for k in q.returned if k & SEQ_MASK not in removed), default=NO_RANK)
+    return None if q.heap_oldest == NO_RANK else q.heap_oldest
 
 
 def compute_recovery_point(q: Queue, next_seq: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from zq.core import grouping
 
@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from zq.core.grouping import Group
     from zq.core.queue import Queue, Subscription
 
-_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63 (as in zq.core.queue)
-_G_SHIFT = 32
+# ``Queue.meta``: the counters of a message delivered at least once, packed in one int:
+# deliveries in bits 0-15 (the delivery count is the fence's epoch), cancels in bits
+# 16-31, the group id from bit 32. Every part that reads them imports these.
+D_MASK: Final = 0xFFFF
+C_ONE: Final = 1 << 16
+G_SHIFT: Final = 32
 
 
 class Lease:
@@ -119,14 +123,14 @@ def grant(q: Queue, sub: Subscription, seq: int, grp: Group | None, now_ms: int)
         q.last_holder.pop(seq, None)
     m = q.meta.get(seq)
     if m is None:
-        m = (grp.gid << _G_SHIFT) if grp is not None else 0
+        m = (grp.gid << G_SHIFT) if grp is not None else 0
     else:
         q.redelivered += 1
     m += 1
     q.meta[seq] = m
     sub.used += 1
     sub.out_seqs.append(seq)
-    sub.out_deliveries.append(m & _D_MASK)
+    sub.out_deliveries.append(m & D_MASK)
     q.depth -= 1
     q.delivered += 1
     if q.fair_share is not None:
@@ -151,7 +155,7 @@ def release(q: Queue, seq: int) -> tuple[Lease, int]:
     elif sub.waiting_groups:
         q.credit_opened(sub)
     m = q.meta[seq]
-    gid = m >> _G_SHIFT
+    gid = m >> G_SHIFT
     if gid:
         grp = q.groups[gid]
         grp.inflight -= 1

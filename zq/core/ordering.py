@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
+from typing import Final
 
 SEQ_MASK = (1 << 64) - 1
+NO_RANK: Final = 1 << 64  # "no candidate here": above every rank
 PRIORITY_MAX = (1 << 64) - 1
 SORT_STRING_BYTES = 24
 

@@ -78,8 +78,8 @@ from zq.core.depth import TargetDepth
 from zq.core.errors import LimitError
 from zq.core.expr import compile_filter
 from zq.core.grouping import Group
-from zq.core.leases import Lease, LeaseClock
-from zq.core.ordering import SEQ_MASK
+from zq.core.leases import Lease, LeaseClock, D_MASK, C_ONE, G_SHIFT
+from zq.core.ordering import NO_RANK, SEQ_MASK
 from zq.core.overflow import LastValues, Overflow
 from zq.core.reclaim import Reclaimer
 from zq.core.regex import compile_pattern
@@ -89,11 +89,7 @@ from zq.core.settling import RecentlyDead
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63
-_C_ONE = 1 << 16
-_G_SHIFT = 32
 _COMPACT_MIN = 4096  # compact the fifo array once this many consumed slots lead it
-_NONE = 1 << 64  # "no candidate here": above every rank
 _GO_ON: Final = 0  # what a dispatch step says to do next: go on, or stop
 _STOP: Final = 1
 
@@ -281,7 +277,7 @@ class Queue:
         dirty (``out_of_budget``), and the next step goes on from there. A message is
         always offered to every subscription with credit before it is set aside.
 
-        Each turn looks at the first candidate of the three places by rank (``_NONE``:
+        Each turn looks at the first candidate of the three places by rank (``NO_RANK``:
         none there) and hands it to the place's own step (``from_fifo``,
         ``from_returned``, ``from_ready``), which says whether to go on (``_GO_ON``) or
         stop (``_STOP``: nobody can take it, the budget is spent, or nothing is left)."""
@@ -297,9 +293,9 @@ class Queue:
         aside = self.aside
         self.offered = self.key_floor  # every live set-aside message ranked below this was offered
         while True:
-            f = fifo[self.head] if self.head < len(fifo) else _NONE
-            r = returned[0] if returned else _NONE
-            g = ready[0][0] if ready else _NONE
+            f = fifo[self.head] if self.head < len(fifo) else NO_RANK
+            r = returned[0] if returned else NO_RANK
+            g = ready[0][0] if ready else NO_RANK
             if aside.keys:
                 # Set-aside messages older than the next candidate go first, to whoever matches.
                 limit = min(f, r, g)
@@ -324,7 +320,7 @@ class Queue:
                 step = self.from_fifo(f, now_ms, budget)
             elif r < g:
                 step = self.from_returned(r, now_ms, budget)
-            elif g != _NONE:
+            elif g != NO_RANK:
                 step = self.from_ready(now_ms, budget)
             else:
                 break
@@ -575,7 +571,7 @@ class Queue:
         m = self.meta.get(seq, 0)
         name = self.groups[gid].name if gid else None
         self.finish(seq, gid)  # (a delayed one is no longer)
-        self.expired_out.append((seq, reason, m & _D_MASK, name))
+        self.expired_out.append((seq, reason, m & D_MASK, name))
         self.expired += 1
 
     def note_event(self, kind: str, consumer: str, seq: int, deliveries: int, reason: str = "") -> None:
@@ -661,19 +657,19 @@ class Queue:
     # --------------------------------------------------------------- counts
 
     def deliveries_of(self, seq: int) -> int:
-        return self.meta.get(seq, 0) & _D_MASK
+        return self.meta.get(seq, 0) & D_MASK
 
     def counted_deliveries(self, seq: int, m: int) -> int:
         """Deliveries that count against ``max_deliveries``: those given back unstarted
         (reclaimed) do not. (The delivery count itself stays the fence's epoch.)"""
-        d = m & _D_MASK
+        d = m & D_MASK
         return d - self.reclaiming.given.get(seq, 0) if self.reclaiming.given else d
 
     def cancels_of(self, seq: int) -> int:
-        return (self.meta.get(seq, 0) >> 16) & _D_MASK
+        return (self.meta.get(seq, 0) >> 16) & D_MASK
 
     def group_name_of(self, seq: int) -> str | None:
-        gid = self.meta.get(seq, 0) >> _G_SHIFT
+        gid = self.meta.get(seq, 0) >> G_SHIFT
         grp = self.groups.get(gid) if gid else None
         return grp.name if grp is not None else None
 
@@ -684,4 +680,4 @@ class Queue:
     def restore_counts(self, seq: int, gid: int, deliveries: int, cancels: int) -> None:
         """Recovery: re-create the counters of a message delivered before the crash."""
         if deliveries or cancels:
-            self.meta[seq] = (gid << _G_SHIFT) | (cancels << 16) | min(deliveries, limits.DELIVERIES_MAX)
+            self.meta[seq] = (gid << G_SHIFT) | (cancels << 16) | min(deliveries, limits.DELIVERIES_MAX)

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from zq.core import leases, limits, settling
 from zq.core import records as R
+from zq.core.leases import D_MASK, G_SHIFT
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from zq.core.queue import Queue, Subscription
 
-_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, group id from bit 32 (as in zq.core.queue)
-_G_SHIFT = 32
 
 
 class Reclaimer:
@@ -63,7 +63,7 @@ class Reclaimer:
             for known in (sub.revoking, sub.kept):  # forget answers about deliveries that ended
                 for seq, epoch in list(known.items()):
                     lease = lease_of.get(seq)
-                    if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
+                    if lease is None or lease.sub is not sub or meta[seq] & D_MASK != epoch:
                         del known[seq]
             if sub.revoking:
                 return []  # asked already: wait for the answers (or for those deliveries to end)
@@ -84,7 +84,7 @@ class Reclaimer:
                 break
             k = min(-neg // 2, want)  # the older half stays: never its oldest unstarted one
             seqs = cands[:k]
-            epochs = [meta[seq] & _D_MASK for seq in seqs]
+            epochs = [meta[seq] & D_MASK for seq in seqs]
             for seq, epoch in zip(seqs, epochs):
                 sub.revoking[seq] = epoch
             self.revoked += k
@@ -110,7 +110,7 @@ class Reclaimer:
                 looked += 1
                 if looked > limits.RECLAIM_SCAN_MAX:
                     return out
-                if meta[seq] >> _G_SHIFT or seq in sub.kept:
+                if meta[seq] >> G_SHIFT or seq in sub.kept:
                     continue
                 if reclaims and reclaims.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
                     continue
@@ -136,10 +136,10 @@ class Reclaimer:
                 continue  # not asked for, or answered already
             del sub.revoking[seq]
             lease = lease_of.get(seq)
-            if lease is None or lease.sub is not sub or meta[seq] & _D_MASK != epoch:
+            if lease is None or lease.sub is not sub or meta[seq] & D_MASK != epoch:
                 continue  # that delivery ended meanwhile (settled, expired)
             _, m = leases.release(q, seq)
-            q.note_event(R.RECLAIMED, sub.consumer, seq, m & _D_MASK)
+            q.note_event(R.RECLAIMED, sub.consumer, seq, m & D_MASK)
             self.given[seq] = self.given.get(seq, 0) + 1
             self.reclaimed += 1
             settling.put_back(q, seq, m)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from zq.core import browse, delaying, grouping, leases, limits, removal
 from zq.core import records as R
+from zq.core.leases import D_MASK, C_ONE, G_SHIFT
+
 
 if TYPE_CHECKING:
     from zq.core.queue import Queue, Subscription
@@ -43,9 +45,6 @@ class RecentlyDead:
             self.seqs.discard(self.order.popleft())
 
 
-_D_MASK = 0xFFFF  # meta: deliveries in bits 0-15, cancels 16-31, group id 32-63 (as in zq.core.queue)
-_C_ONE = 1 << 16
-_G_SHIFT = 32
 
 
 def ack(q: Queue, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
@@ -60,11 +59,11 @@ def ack(q: Queue, sub: Subscription, seq: int, now_ms: int = 0) -> str | None:
             return None
         return "not-leased"
     _, m = leases.release(q, seq)
-    q.finish(seq, m >> _G_SHIFT)
+    q.finish(seq, m >> G_SHIFT)
     q.acked += 1
     sub.acked += 1
     sub.busy_ms += now_ms - lease.started_ms if now_ms else 0
-    q.note_event(R.ACKED, sub.consumer, seq, m & _D_MASK)
+    q.note_event(R.ACKED, sub.consumer, seq, m & D_MASK)
     return None
 
 
@@ -100,7 +99,7 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
                 refused.append(seq)
             continue
         m = meta.pop(seq)
-        if fenced and m & _D_MASK != epochs[i]:  # type: ignore[index]
+        if fenced and m & D_MASK != epochs[i]:  # type: ignore[index]
             meta[seq] = m  # leased to us again since: that delivery is not this one
             if stale is not None:
                 stale.append(seq)
@@ -112,9 +111,9 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
         if q.reclaiming.given:
             q.reclaiming.given.pop(seq, None)
         busy += now_ms - lease.started_ms
-        events.append((seq, m & _D_MASK))
+        events.append((seq, m & D_MASK))
         done += 1
-        gid = m >> _G_SHIFT
+        gid = m >> G_SHIFT
         if gid:  # release() then finish() of a grouped message
             grp = groups[gid]
             grp.inflight -= 1
@@ -147,7 +146,7 @@ def fence(q: Queue, sub: Subscription, seqs: list[int], epochs: list[int]) -> tu
     stale: list[int] = []
     for seq, epoch in zip(seqs, epochs):
         lease = lease_of.get(seq)
-        if lease is not None and lease.sub is sub and meta[seq] & _D_MASK != epoch:
+        if lease is not None and lease.sub is sub and meta[seq] & D_MASK != epoch:
             stale.append(seq)
         else:
             live.append(seq)
@@ -184,17 +183,17 @@ def cancel(q: Queue, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: in
     _, m = leases.release(q, seq)
     q.cancelled += 1
     if q.at_most_once:
-        q.finish(seq, m >> _G_SHIFT)
-        q.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)
+        q.finish(seq, m >> G_SHIFT)
+        q.note_event(R.CANCELLED, sub.consumer, seq, m & D_MASK, error)
         return None
-    m += _C_ONE
+    m += C_ONE
     q.meta[seq] = m
-    q.note_event(R.CANCELLED, sub.consumer, seq, m & _D_MASK, error)  # the reason of a failure: its error
+    q.note_event(R.CANCELLED, sub.consumer, seq, m & D_MASK, error)  # the reason of a failure: its error
     over = q.note_cause(seq, R.CANCELLED, sub.consumer, now_ms, error)
     if error:
         q.last_holder[seq] = sub.consumer  # failed here: anyone else first (popped if it leaves)
     max_cancels = q.settings.max_cancels
-    if max_cancels and (m >> 16) & _D_MASK >= max_cancels:
+    if max_cancels and (m >> 16) & D_MASK >= max_cancels:
         expire_leased(q, seq, m, R.REASON_MAX_CANCELS)
     elif over:
         expire_leased(q, seq, m, over)
@@ -220,9 +219,9 @@ def end_lease_of(q: Queue, seq: int, kind: str, now_ms: int = -1) -> None:
     says nothing about the message, which goes again at once."""
     lease, m = leases.release(q, seq)
     consumer = lease.sub.consumer
-    q.note_event(kind, consumer, seq, m & _D_MASK)
+    q.note_event(kind, consumer, seq, m & D_MASK)
     if q.at_most_once:
-        q.finish(seq, m >> _G_SHIFT)
+        q.finish(seq, m >> G_SHIFT)
         return
     over = q.note_cause(seq, kind, consumer, max(now_ms, 0))
     if over:
@@ -243,7 +242,7 @@ def come_back(q: Queue, seq: int, m: int, now_ms: int = -1, delay_ms: int = -1) 
     if now_ms >= 0:
         reason = R.DELAY_REQUESTED
         if delay_ms < 0:
-            delay_ms = delaying.retry_delay_ms(q, seq, m & _D_MASK) if q.backoff else 0
+            delay_ms = delaying.retry_delay_ms(q, seq, m & D_MASK) if q.backoff else 0
             reason = R.DELAY_BACKOFF
         if delay_ms > 0:
             put_back(q, seq, m, now_ms + delay_ms, reason)
@@ -264,7 +263,7 @@ def put_back(q: Queue, seq: int, m: int, due_ms: int = 0, reason: str = "") -> N
         return
     q.depth += 1
     q.dirty = True
-    gid = m >> _G_SHIFT
+    gid = m >> G_SHIFT
     if due_ms > 0:
         delaying.mark(q, seq, gid, due_ms, reason)
         if reason == R.DELAY_BACKOFF:
@@ -294,8 +293,8 @@ def put_back(q: Queue, seq: int, m: int, due_ms: int = 0, reason: str = "") -> N
 
 
 def expire_leased(q: Queue, seq: int, m: int, reason: str) -> None:
-    gid = m >> _G_SHIFT
+    gid = m >> G_SHIFT
     name = q.groups[gid].name if gid else None
     q.finish(seq, gid)
-    q.expired_out.append((seq, reason, m & _D_MASK, name))
+    q.expired_out.append((seq, reason, m & D_MASK, name))
     q.expired += 1
