@@ -1,9 +1,12 @@
-"""The parts a ``Queue`` is made of, each on its own: ``LeaseClock`` (when each lease
-runs out), ``DelayTimer`` (messages that may not go before a time), ``CauseLedger`` (why
-deliveries ended unfinished, by cause), the set-aside list (``zq.core.aside``), who gets
-the next message (``zq.core.choosing``), what runs out with time (``zq.core.expiry``),
-browsing (``zq.core.browse``) and the views of where messages wait
-(``zq.core.inventory``)."""
+"""The parts a ``Queue`` is made of, each on its own through a real queue (no engine, no
+journal, no clock): when leases run out and what a delivery's count means
+(``zq.core.leases``), delays (``delaying``), the accounting by cause (``causes``), the
+set-aside list (``aside``), the choice of subscription (``choosing``), expiry
+(``expiry``), browsing (``browse``), the views of where messages wait (``inventory``),
+groups (``grouping``), settles and fences (``settling``), removal (``removal``),
+entering and ranking (``entering``), target depth (``depth``), last values and size
+limits (``overflow``) and barriers (``barriers``). docs/architecture.md, "A queue's
+parts", says what each owns."""
 
 from __future__ import annotations
 
