@@ -26,7 +26,8 @@ class Barriers:
 
     def gate(self, candidate: int) -> bool | None:
         """Before dispatching ``candidate``: False to go on, True to stop (the oldest
-        barrier is next and earlier messages are still out), None after releasing it."""
+        barrier is next and earlier messages are still out), None after releasing it or
+        dropping a stale one (purged, expired, or already passed): look again."""
         q = self.q
         b = self.waiting[0]
         if b in q.removed or b <= q.expired_watermark or b < candidate:

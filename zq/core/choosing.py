@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def choose(q: Queue, grp: Group | None) -> Subscription | None:
     """Pick the subscription for the next message by the queue's fairness."""
     if grp is not None and q.owned and grp.owner is not None:
-        return grp.owner  # group_can_go() checked its credit
+        return grp.owner  # grouping.can_go checked its credit
     subs = q.subs
     if q.fairness == "proportional":
         best = None

@@ -387,7 +387,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         """Ack, cancel, expire or extend (``extra_ms``) with fencing: each bookmark's
         ``epochs`` entry is the delivery count it was delivered with, and a settle
         naming a delivery that is no longer live is not applied. Returns the bookmarks
-        not applied by result (``lost``, ``done``, ``unknown``: ``Queue.settle_result``);
+        not applied by result (``lost``, ``done``, ``dead``, ``unknown``: ``settling.settle_result``);
         the rest were applied (``ok``). ``epochs`` None or empty: unfenced."""
         sub = self.sub(sub_id)
         q = sub.queue
@@ -421,7 +421,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
                         kept_epochs: list[int], now_ms: int) -> int:
         """A reclaimable subscription's answer to a revoke: ``seqs`` (delivered with
         ``epochs``) were not started and come back, no delivery counted; ``kept`` (with
-        ``kept_epochs``) were started. Returns how many came back (``Queue.reclaim``)."""
+        ``kept_epochs``) were started. Returns how many came back (``Reclaimer.take_back``)."""
         self.set_time(now_ms)
         sub = self.sub(sub_id)
         if not sub.reclaimable:

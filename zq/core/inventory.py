@@ -1,5 +1,6 @@
-"""Where a queue's messages wait, read without changing anything: for peek, operator
-actions, recovery points, ``zq top`` and the checkers.
+"""Where a queue's messages wait, read without changing where they wait: for peek,
+operator actions, recovery points, ``zq top`` and the checkers (``oldest_in_heap``
+keeps a cache, ``Queue.heap_oldest``).
 
 A queue keeps its waiting messages in several ordered places (``zq.core.queue``'s theory
 of operation: the fifo, the returned heap, group pending lists, the set-aside list,

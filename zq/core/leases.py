@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 # deliveries in bits 0-15 (the delivery count is the fence's epoch), cancels in bits
 # 16-31, the group id from bit 32. Every part that reads them imports these.
 D_MASK: Final = 0xFFFF
-C_ONE: Final = 1 << 16
+C_SHIFT: Final = 16
+C_ONE: Final = 1 << C_SHIFT
 G_SHIFT: Final = 32
 
 

@@ -22,6 +22,7 @@ import msgspec
 
 from zq.core import expr, inventory, leases, limits, removal
 from zq.core import records as R
+from zq.core.leases import D_MASK, G_SHIFT
 from zq.core.errors import ConfigError, ProtocolError, QueueExistsError, UnknownQueueError
 from zq.core.settings import QueueSettings, check_topic, covers_topic
 
@@ -140,8 +141,8 @@ class ManagementMixin:
                 if not leased:
                     continue
                 _, m = leases.release(q, seq)
-                q.finish(seq, m >> 32)
-                q.note_event(kind, consumer, seq, m & 0xFFFF, reason)
+                q.finish(seq, m >> G_SHIFT)
+                q.note_event(kind, consumer, seq, m & D_MASK, reason)
             elif removal.remove_available(q, seq, known_waiting=True, gid=gid):
                 q.note_event(kind, consumer, seq, q.deliveries_of(seq), reason)
             else:

@@ -78,7 +78,7 @@ from zq.core.depth import TargetDepth
 from zq.core.errors import LimitError
 from zq.core.expr import compile_filter
 from zq.core.grouping import Group
-from zq.core.leases import Lease, LeaseClock, D_MASK, C_ONE, G_SHIFT
+from zq.core.leases import C_ONE, C_SHIFT, D_MASK, G_SHIFT, Lease, LeaseClock
 from zq.core.ordering import NO_RANK, SEQ_MASK
 from zq.core.overflow import LastValues, Overflow
 from zq.core.reclaim import Reclaimer
@@ -109,7 +109,7 @@ class Subscription:
         self.sub_id = sub_id
         self.queue = queue
         self.consumer = consumer
-        self.ordinal = 0  # its place in the engine's order of subscriptions (Engine.subscribe)
+        self.ordinal = 0  # its place in the engine's order of subscriptions (Subscriptions.subscribe)
         self.backlog = backlog
         self.used = 0
         self.leases: list[Lease] = []
@@ -122,7 +122,7 @@ class Subscription:
         self.busy_ms = 0  # summed delivery -> ack time of its acked messages
         self.match = match  # content filter: seq -> does it match? (None: everything)
         self.filter_text = filter_text
-        self.skip_cursor = queue.key_floor  # see Queue: skipped entries below this were judged
+        self.skip_cursor = queue.key_floor  # set-aside entries below this were judged (zq.core.aside)
         self.skip_gen = -1
         # Pull (claim) subscriptions have credit only while a claim is open: ``backlog``
         # is ``used`` plus what the open claim still wants, and settling keeps it so.
@@ -132,7 +132,7 @@ class Subscription:
         self.barrier_out: list[int] = []  # barrier messages to send (no lease, no credit)
         self.browse_cursor = 0  # browse_only queues: every message below this was offered
         self.browse_out: set[int] = set()  # browse_only: sent, not yet settled (credit only)
-        # Reclaiming (see Queue.plan_revokes): its unstarted deliveries may be asked back.
+        # Reclaiming (zq.core.reclaim): its unstarted deliveries may be asked back.
         self.reclaimable = False
         self.revoking: dict[int, int] = {}  # seq -> epoch: asked back, no answer yet
         self.kept: dict[int, int] = {}  # seq -> epoch: asked back, already started (not to ask again)
@@ -204,7 +204,7 @@ class Queue:
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = 0
         self.lost_settles = 0  # fenced settles not applied: their delivery was no longer live
-        # Poison (``judge``): messages whose content the queue could not evaluate, set aside.
+        # Poison (``entering.judge``): messages whose content the queue could not evaluate, set aside.
         self.poisoned = 0
         self.poison_errors: dict[int, str] = {}  # this step's: seq -> why (its event and dead letter carry it)
         # Delays (retry backoff, publish delay): see the module docstring.
@@ -215,9 +215,9 @@ class Queue:
         self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
         self.ledger = CauseLedger(s)  # why deliveries ended unfinished (zq.core.causes)
         self.backoff = s.backoff_ms
-        self.ack_latency = [0] * 16  # publish -> ack, see engine.ACK_LATENCY_BUCKETS_MS
+        self.ack_latency = [0] * 16  # publish -> ack, see timeindex.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_sum_ms = 0
-        self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: engine.latency_key
+        self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: timeindex.latency_key
         self.reclaiming = Reclaimer(self)  # reclaiming unstarted work (zq.core.reclaim)
         # Moving on from a stuck holder (zq.core.choosing.choose_avoiding): seq -> the consumer
         # whose delivery of it expired or failed, while it waits to go again.
@@ -581,8 +581,6 @@ class Queue:
             batch = self.events_out[key] = []
         batch.append((seq, deliveries))
 
-    # ------------------------------------------------- reclaiming unstarted work
-
     # -------------------------------------------------------------------- time
 
     def advance(self, now_ms: int, watermark: int) -> None:
@@ -666,7 +664,7 @@ class Queue:
         return d - self.reclaiming.given.get(seq, 0) if self.reclaiming.given else d
 
     def cancels_of(self, seq: int) -> int:
-        return (self.meta.get(seq, 0) >> 16) & D_MASK
+        return (self.meta.get(seq, 0) >> C_SHIFT) & D_MASK
 
     def group_name_of(self, seq: int) -> str | None:
         gid = self.meta.get(seq, 0) >> G_SHIFT

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from zq.core import browse, delaying, grouping, leases, limits, removal
 from zq.core import records as R
-from zq.core.leases import D_MASK, C_ONE, G_SHIFT
+from zq.core.leases import C_ONE, C_SHIFT, D_MASK, G_SHIFT
 
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def cancel(q: Queue, sub: Subscription, seq: int, now_ms: int = -1, delay_ms: in
     if error:
         q.last_holder[seq] = sub.consumer  # failed here: anyone else first (popped if it leaves)
     max_cancels = q.settings.max_cancels
-    if max_cancels and (m >> 16) & D_MASK >= max_cancels:
+    if max_cancels and (m >> C_SHIFT) & D_MASK >= max_cancels:
         expire_leased(q, seq, m, R.REASON_MAX_CANCELS)
     elif over:
         expire_leased(q, seq, m, over)

@@ -40,7 +40,7 @@ class Subscriptions:
         With ``filter`` (the expression language), the subscription gets only the
         messages it matches, oldest first; the others wait for other subscribers.
         ``reclaimable``: deliveries it has not started may be asked back for a hungry
-        subscription (``Queue.plan_revokes``; the holder answers with ``release_revoked``).
+        subscription (``Reclaimer.plan``; the holder answers with ``release_revoked``).
         """
         self.host.set_time(now_ms)
         check_queue_name(queue)

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from zq.core import inventory
 from zq.core import records as R
+from zq.core.leases import G_SHIFT
 from zq.core.engine import Engine
 from zq.core.expr import Unevaluable
 from zq.core.ordering import priority_of
@@ -194,7 +195,7 @@ PRIORITY_SPREAD = 10  # the simulator's largest priority minus its smallest
 
 
 def unevaluable(q: Queue, m: R.Message) -> bool:
-    """Does the queue's judgment of an entering message (``Queue.judge``) fail on it?"""
+    """Does the queue's judgment of an entering message (``entering.judge``) fail on it?"""
     try:
         for fn in (q.last_values.fn, q.priority_fn, q.level_fn):
             if fn is not None:
@@ -540,7 +541,7 @@ def check_engine(engine: Engine) -> None:
         inflight: dict[int, int] = {}
         holders: dict[int, set[str]] = {}
         for seq, lease in q.lease_of.items():
-            gid = q.meta[seq] >> 32
+            gid = q.meta[seq] >> G_SHIFT
             if gid:
                 inflight[gid] = inflight.get(gid, 0) + 1
                 holders.setdefault(gid, set()).add(lease.sub.sub_id)

@@ -27,6 +27,7 @@ import msgspec
 
 from zq.core import grouping, inventory, limits
 from zq.core import records as R
+from zq.core.leases import G_SHIFT
 from zq.core.engine import Engine, Output
 from zq.core.queue import Queue
 from zq.core.errors import QueueFullError, ZqError
@@ -365,7 +366,7 @@ class Simulator:
                 open_ = []
                 for seq, epoch in w.untaken:
                     lease = q.lease_of.get(seq)
-                    if lease is None or lease.sub is not s or q.deliveries_of(seq) != epoch or q.meta[seq] >> 32:
+                    if lease is None or lease.sub is not s or q.deliveries_of(seq) != epoch or q.meta[seq] >> G_SHIFT:
                         continue
                     if q.reclaiming.given.get(seq, 0) >= limits.RECLAIMS_PER_MESSAGE_MAX:
                         continue
