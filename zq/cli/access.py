@@ -153,15 +153,31 @@ def confirmed_action(endpoint, queue, filter, group, yes, question, done, action
             raise fail(str(exc), RET_USAGE) from None
 
 
+YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
+
+
+def run(fn):  # type: ignore[no-untyped-def]
+    """``fn()``, its ZqError said in one line with the usage exit status."""
+    try:
+        return fn()
+    except ZqError as exc:
+        raise fail(str(exc), RET_USAGE) from None
+
+
 def register_management(app: typer.Typer) -> None:
-    YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
+    """The operator's commands: reading a queue (groups, explain), bulk actions on its
+    available messages (purge, move, redrive, ack by filter) and ``zq queue``."""
+    register_reading(app)
+    register_bulk_actions(app)
+    queue_app = typer.Typer(help="Declare and delete queues at run time (journaled; zq.toml wins).", no_args_is_help=True)
+    app.add_typer(queue_app, name="queue")
+    register_queue_list(queue_app)
+    register_queue_create(queue_app)
+    register_queue_alter(queue_app)
+    register_queue_delete(queue_app)
 
-    def run(fn):  # type: ignore[no-untyped-def]
-        try:
-            return fn()
-        except ZqError as exc:
-            raise fail(str(exc), RET_USAGE) from None
 
+def register_reading(app: typer.Typer) -> None:
     @app.command()
     def groups(
         queue: str = typer.Argument(..., help="a queue with message groups"),
@@ -204,6 +220,8 @@ def register_management(app: typer.Typer) -> None:
 
         typer.echo(explain_text(doc))
 
+
+def register_bulk_actions(app: typer.Typer) -> None:
     @app.command()
     def purge(
         queue: str = typer.Argument(..., help="the queue to purge"),
@@ -251,9 +269,8 @@ def register_management(app: typer.Typer) -> None:
         confirmed_action(endpoint, queue, filter, None, yes, "acknowledge {n} available messages of {queue!r}",
                          "acknowledged", lambda c: c.ack_filter(queue, filter))
 
-    queue_app = typer.Typer(help="Declare and delete queues at run time (journaled; zq.toml wins).", no_args_is_help=True)
-    app.add_typer(queue_app, name="queue")
 
+def register_queue_list(queue_app: typer.Typer) -> None:
     @queue_app.command("list")
     def queue_list(
         as_json: bool = typer.Option(False, "--json", help="print every setting of every queue as JSON"),
@@ -269,6 +286,8 @@ def register_management(app: typer.Typer) -> None:
 
         print_table(*queue_rows(queues, st.get("queues", {})))
 
+
+def register_queue_create(queue_app: typer.Typer) -> None:
     @queue_app.command("create")
     def queue_create(
         name: str = typer.Argument(..., help="the queue's name (and its topic, unless --topics says otherwise)"),
@@ -362,6 +381,8 @@ def register_management(app: typer.Typer) -> None:
         typer.echo(f"{'queue ' + repr(name) + ' exists, as asked' if existed else 'created queue ' + repr(name)}: "
                    f"{queue_summary(created)}")
 
+
+def register_queue_alter(queue_app: typer.Typer) -> None:
     @queue_app.command("alter")
     def queue_alter(
         name: str = typer.Argument(..., help="a queue created at run time (zq.toml's change in zq.toml)"),
@@ -429,6 +450,8 @@ def register_management(app: typer.Typer) -> None:
             return
         typer.echo(f"altered queue {name!r}: " + "; ".join(result["changed"]))
 
+
+def register_queue_delete(queue_app: typer.Typer) -> None:
     @queue_app.command("delete")
     def queue_delete(
         name: str = typer.Argument(..., help="a queue created at run time (zq.toml's queues stay)"),
