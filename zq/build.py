@@ -33,7 +33,7 @@ COMPILED_MODULES = ("zq.core.queue", "zq.core.ordering", "zq.core.fairshare", "z
                     "zq.core.leases", "zq.core.delaying", "zq.core.settling", "zq.core.removal", "zq.core.reclaim",
                     "zq.core.overflow", "zq.core.barriers", "zq.core.causes",
                     "zq.core.host", "zq.core.timeindex", "zq.core.routing", "zq.core.admission",
-                    "zq.core.subscriptions", "zq.core.outputs", "zq.core.recovery", "zq.core.views", "zq.core.entering")
+                    "zq.core.subscriptions", "zq.core.outputs", "zq.core.recovery", "zq.core.views", "zq.core.entering", "zq.core.deadlines")
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding the zq package
 
 BUILD = "interpreted"  # or "compiled"

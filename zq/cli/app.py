@@ -260,6 +260,19 @@ def parse_headers(header: list[str] | None) -> dict[str, str]:
     return out
 
 
+def seconds_option(text: str | None, option: str, allow_zero: bool) -> float | None:
+    """A duration option (``30s``, ``5m``) in seconds; a bad one is a usage error naming it."""
+    if text is None:
+        return None
+    try:
+        ms = duration_ms(text, option)
+    except ConfigError as exc:
+        raise fail(str(exc), RET_USAGE) from None
+    if ms < 0 or not allow_zero and ms == 0:
+        raise fail(f"{option} must be {'0 or more' if allow_zero else 'more than 0'}", RET_USAGE)
+    return ms / 1000
+
+
 @app.command()
 def publish(
     topic: str = typer.Argument(..., help="topic (or a queue name) to publish to"),
@@ -270,17 +283,13 @@ def publish(
     msg_id: Optional[str] = typer.Option(None, "--id", help="client message id"),
     header: Optional[list[str]] = typer.Option(None, "--header", "-H", help="KEY=VALUE (repeatable)"),
     delay: Optional[str] = typer.Option(None, "--delay", help="deliver no sooner than this from now, e.g. 30s, 5m"),
+    ttl: Optional[str] = typer.Option(None, "--ttl", help="a message still waiting this long from now expires (reason "
+                                      "ttl) and is dead-lettered, e.g. 10m"),
 ) -> None:
     """Publish messages; prints each bookmark once the message is durable."""
     headers = parse_headers(header)
-    delay_s = None
-    if delay is not None:
-        try:
-            delay_s = duration_ms(delay, "--delay") / 1000
-        except ConfigError as exc:
-            raise fail(str(exc), RET_USAGE) from None
-        if delay_s < 0:
-            raise fail("--delay must not be negative", RET_USAGE)
+    delay_s = seconds_option(delay, "--delay", allow_zero=True)
+    ttl_s = seconds_option(ttl, "--ttl", allow_zero=False)
     with client_for(endpoint) as c:
         # A publish held for a second or more: say what it waits for (once per reason).
         c.on_notice = lambda n: typer.echo(f"zq publish: not confirmed yet: {n.message}", err=True)
@@ -288,11 +297,11 @@ def publish(
         try:
             if data is not None:
                 typer.echo(c.publish(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers,
-                                     delay=delay_s))
+                                     delay=delay_s, ttl=ttl_s))
             else:
                 futures = [
                     c.publish_async(topic, line.rstrip("\n"), group=group, priority=priority, headers=headers,
-                                    delay=delay_s)
+                                    delay=delay_s, ttl=ttl_s)
                     for line in sys.stdin
                 ]
                 for f in futures:

@@ -63,7 +63,7 @@ from zq.client.session import (
     close_session_socket,
     closing,
     connect_error,
-    delay_fields,
+    publish_fields,
     drain_frames,
     duration_arg,
     encode_command,
@@ -154,7 +154,7 @@ class Client:
         # once (``limit`` beyond): threads sharing this client wait their turn here instead.
         self._range_slots = threading.BoundedSemaphore(limits.RANGES_WAITING_PER_CONNECTION)
         self._window_free = threading.Condition(self._publish_lock)
-        self._open_batches: dict[str | tuple[str, int, int], PublishBatch] = {}  # by topic (and delay)
+        self._open_batches: dict[str | tuple[str, int, int, int, int], PublishBatch] = {}  # by topic (and timing)
         self._sealed: collections.deque[PublishBatch] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -205,11 +205,15 @@ class Client:
         timeout: float = 30.0,
         delay: float | None = None,
         not_before: float | None = None,
+        ttl: float | None = None,
+        expires_at: float | None = None,
     ) -> int:
         """Publish one message; returns its bookmark once it is durable. ``delay``
-        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then."""
+        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then.
+        ``ttl`` (seconds) or ``expires_at`` (Unix seconds): still waiting then, it
+        expires (reason ``ttl``) and is dead-lettered."""
         return self.publish_async(topic, data, group=group, priority=priority, msg_id=msg_id, headers=headers,
-                                  delay=delay, not_before=not_before).result(timeout)
+                                  delay=delay, not_before=not_before, ttl=ttl, expires_at=expires_at).result(timeout)
 
     def publish_async(
         self,
@@ -222,12 +226,14 @@ class Client:
         headers: dict[str, str] | None = None,
         delay: float | None = None,
         not_before: float | None = None,
+        ttl: float | None = None,
+        expires_at: float | None = None,
     ) -> PublishFuture:
         """A future of the bookmark; blocks only while the window of unconfirmed ones is full."""
         self._check_open()
-        key: str | tuple[str, int, int] = topic
-        if delay is not None or not_before is not None:
-            key = (topic, *delay_fields(delay, not_before))
+        key: str | tuple[str, int, int, int, int] = topic
+        if delay is not None or not_before is not None or ttl is not None or expires_at is not None:
+            key = (topic, *publish_fields(delay, not_before, ttl, expires_at))
         if topic not in self._topics_checked:  # checked once per topic: this is the per-message path
             check_topic(topic)
             if len(self._topics_checked) < 1024:
@@ -265,8 +271,8 @@ class Client:
         items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]
         for item in items:
             self._check_size(item)
-        delay = delay_fields(kw.get("delay"), kw.get("not_before"))
-        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c, *delay), wait=False)
+        timing = publish_fields(kw.get("delay"), kw.get("not_before"), kw.get("ttl"), kw.get("expires_at"))
+        return [self._request(lambda req, c=chunk: wire.Publish(req, topic, c, *timing), wait=False)
                 for chunk in publish_chunks(items)]
 
     def publish_records_async(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> list[Future]:
@@ -908,7 +914,7 @@ class Client:
     def _send_batch(self, sock: zmq.Socket, batch: PublishBatch) -> bool:
         req = next(self._reqs)
         frame = wire.encode(wire.Publish(req, batch.topic, batch.items, batch.delay_ms,  # items were checked by wire_item
-                                         batch.not_before_ms))
+                                         batch.not_before_ms, batch.ttl_ms, batch.expires_at_ms))
         self._publishes[req] = (batch, frame)
         sock.send(frame)
         return True

@@ -72,12 +72,15 @@ class PublishBatch:
     """The messages of one PUBLISH frame: one wait object for all of them."""
 
     __slots__ = ("topic", "items", "size", "event", "bookmarks", "error", "callbacks", "order", "delay_ms",
-                 "not_before_ms")
+                 "not_before_ms", "ttl_ms", "expires_at_ms")
 
-    def __init__(self, topic: str, delay_ms: int = 0, not_before_ms: int = 0) -> None:
+    def __init__(self, topic: str, delay_ms: int = 0, not_before_ms: int = 0, ttl_ms: int = 0,
+                 expires_at_ms: int = 0) -> None:
         self.topic = topic
         self.delay_ms = delay_ms  # a delayed publish: every message of the frame waits the same
         self.not_before_ms = not_before_ms
+        self.ttl_ms = ttl_ms  # ... and has the same deadline (zq.core.deadlines)
+        self.expires_at_ms = expires_at_ms
         self.order = 0  # its place in the client's order of calls, once sealed
         self.items: list[tuple[bytes, dict[str, str], str | None]] = []
         self.size = 0

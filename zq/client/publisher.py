@@ -40,7 +40,7 @@ from zq.client.session import (
     check_target,
     close_session_socket,
     connect_error,
-    delay_fields,
+    publish_fields,
     error_from,
     open_session,
     publish_chunks,
@@ -109,18 +109,22 @@ class Publisher:
 
     def publish(self, topic: str, data: bytes | str, *, group: str | None = None, priority: int | None = None,
                 msg_id: str | None = None, headers: dict[str, str] | None = None, timeout: float = 30.0,
-                delay: float | None = None, not_before: float | None = None) -> int:
+                delay: float | None = None, not_before: float | None = None, ttl: float | None = None,
+                expires_at: float | None = None) -> int:
         """Publish one message; returns its bookmark once it is durable. ``delay``
-        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then."""
+        (seconds) or ``not_before`` (Unix seconds): it is not delivered before then.
+        ``ttl`` (seconds) or ``expires_at`` (Unix seconds): still waiting then, it
+        expires (reason ``ttl``) and is dead-lettered."""
         return self._publish(topic, [wire_item(data, group, priority, msg_id, headers)], timeout,
-                             delay_fields(delay, not_before))[0]
+                             publish_fields(delay, not_before, ttl, expires_at))[0]
 
     def publish_many(self, topic: str, messages: Iterable[bytes | str], *, timeout: float = 60.0,
                      **kw: object) -> list[int]:
         """Publish a batch (frames of up to ``PUBLISH_BATCH_MAX``, ``window`` of them in
         flight); returns the bookmarks in order."""
         items = [wire_item(m, kw.get("group"), kw.get("priority"), None, kw.get("headers")) for m in messages]  # type: ignore[arg-type]
-        return self._publish(topic, items, timeout, delay_fields(kw.get("delay"), kw.get("not_before")))
+        return self._publish(topic, items, timeout, publish_fields(kw.get("delay"), kw.get("not_before"), kw.get("ttl"),
+                                                                   kw.get("expires_at")))
 
     @property
     def on_notice(self) -> Callable[[wire.Notice], object] | None:
@@ -154,7 +158,8 @@ class Publisher:
 
     # ------------------------------------------------------------ internals
 
-    def _publish(self, topic: str, items: list, timeout: float, delay: tuple[int, int] = (0, 0)) -> list[int]:
+    def _publish(self, topic: str, items: list, timeout: float,
+                 delay: tuple[int, int, int, int] = (0, 0, 0, 0)) -> list[int]:
         if self.closed:
             raise ConnectionLost("publisher is closed")
         check_topic(topic)
@@ -177,7 +182,7 @@ class Publisher:
                 self._open_session(max(0.1, deadline - time.monotonic()))  # unconfirmed chunks go again
 
     def _send_and_wait(self, topic: str, chunks: list, results: list, deadline: float,
-                       delay: tuple[int, int] = (0, 0)) -> None:
+                       delay: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
         """Send the chunks not yet confirmed, ``window`` at a time; wait for each confirm."""
         sock = self._sock
         assert sock is not None

@@ -575,6 +575,24 @@ def delay_fields(delay: object, not_before: object) -> tuple[int, int]:
     return delay_ms, not_before_ms
 
 
+def publish_fields(delay: object, not_before: object, ttl: object = None, expires_at: object = None) -> tuple[int, int, int, int]:
+    """A publish's timing as the PUBLISH frame's ``delay_ms``, ``not_before_ms``,
+    ``ttl_ms`` and ``expires_at_ms``: ``delay`` and ``ttl`` in seconds (counted on the
+    dispatcher's clock from when it takes the frame), ``not_before`` and ``expires_at``
+    in Unix seconds. A message still waiting at its ttl or expires_at (the sooner)
+    expires with reason ``ttl``."""
+    delay_ms, not_before_ms = delay_fields(delay, not_before)
+    ttl_ms = duration_arg(ttl, "ttl") if ttl is not None else 0
+    expires_at_ms = 0
+    if expires_at is not None:
+        if isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) or not math.isfinite(expires_at):
+            raise TypeError(f"expires_at: Unix seconds as a number, got {expires_at!r:.40}")
+        if not 0 < expires_at <= 4_102_444_800 * 25:  # after 1970 .. about the year 5000
+            raise ValueError(f"expires_at: {expires_at!r} is not a Unix time in seconds")
+        expires_at_ms = max(int(expires_at * 1000), 1)
+    return delay_ms, not_before_ms, ttl_ms, expires_at_ms
+
+
 _SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://", "ws://", "wss://", "vmci://")
 
 

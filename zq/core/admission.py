@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zq.core import entering, limits
+from zq.core import deadlines, entering, limits
 from zq.core import records as R
 from zq.core.errors import LimitError, ProtocolError, QueueFullError
 from zq.core.settings import DEDUP_WINDOW_MS_DEFAULT, check_topic
@@ -55,15 +55,19 @@ class Admission:
         now_ms: int,
         max_message_bytes: int = limits.MESSAGE_BYTES_MAX,
         not_before_ms: int = 0,
+        deadline_ms: int = 0,
     ) -> list[int]:
         """Publish a batch atomically: every message is checked before any is journaled.
 
         Topic resolution, routing and the group-ceiling check happen once per batch.
         ``not_before_ms`` (Unix ms): no message of the batch goes before then.
+        ``deadline_ms`` (Unix ms): one still waiting then expires (``zq.core.deadlines``).
         """
         self.host.set_time(now_ms)
         if not 0 <= not_before_ms <= self.host.now_ms + limits.DURATION_MS_MAX:
             raise ProtocolError("a publish's not-before time must be 0..100 years from now")
+        if not 0 <= deadline_ms <= self.host.now_ms + limits.DURATION_MS_MAX:
+            raise ProtocolError("a publish's deadline must be 0..100 years from now")
         due = not_before_ms if not_before_ms > self.host.now_ms else 0
         topic = self.routes.resolve_topic(topic)
         check_topic(topic)
@@ -75,18 +79,21 @@ class Admission:
                 check_headers(headers)
             if msg_id is not None and len(msg_id) > limits.HEADER_BYTES_MAX:
                 raise LimitError(f"message id longer than {limits.HEADER_BYTES_MAX}")
+        if deadline_ms:  # journaled with each message: recovery and standbys see it there
+            stamp = str(deadline_ms)
+            items = [(payload, {**headers, deadlines.HEADER: stamp}, msg_id) for payload, headers, msg_id in items]
         queues = self.routes.route_or_create(topic)
         known: dict[int, int] = {}  # index in items -> bookmark of its first publish
         if any(msg_id is not None for _, _, msg_id in items):
             known = self.seen_ids(topic, items, queues, now_ms)
             if known:
                 fresh = [it for i, it in enumerate(items) if i not in known]
-                seqs = self.publish_fresh(topic, fresh, queues, now_ms, due) if fresh else []
+                seqs = self.publish_fresh(topic, fresh, queues, now_ms, due, deadline_ms) if fresh else []
                 out, it = [], iter(seqs)
                 for i in range(len(items)):
                     out.append(known[i] if i in known else next(it))
                 return out
-        return self.publish_fresh(topic, items, queues, now_ms, due)
+        return self.publish_fresh(topic, items, queues, now_ms, due, deadline_ms)
 
     def seen_ids(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
                  now_ms: int) -> dict[int, int]:
@@ -120,7 +127,7 @@ class Admission:
         return known
 
     def publish_fresh(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
-                      now_ms: int, due: int = 0) -> list[int]:
+                      now_ms: int, due: int = 0, deadline: int = 0) -> list[int]:
         named: dict[str, bool] = {}  # group header -> does any item carry it?
         for q in queues:
             if q.overflow.limited and q.settings.overflow == "reject":
@@ -144,8 +151,8 @@ class Admission:
         for q in queues:
             self.host.touch(q)
             accept = q.filter
-            if q.barrier.fn is not None or q.ordered or q.target.limit or due or q.last_values.fn is not None:
-                self.enqueue_each(q, topic, items, first, due)
+            if q.barrier.fn is not None or q.ordered or q.target.limit or due or deadline or q.last_values.fn is not None:
+                self.enqueue_each(q, topic, items, first, due, deadline)
             elif q.grouped and accept is None and not named[q.settings.group_header]:  # type: ignore[index]
                 entering.enqueue_run(q, first, len(items))  # no message of the batch names a group
             elif q.grouped:
@@ -167,17 +174,18 @@ class Admission:
         return list(range(first, first + len(items)))
 
     def enqueue_each(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]],
-                     first: int, due: int = 0) -> None:
+                     first: int, due: int = 0, deadline: int = 0) -> None:
         """Enqueue one by one on a queue that judges each message (barrier, priority, sort
-        key, last value, target depth), or when they are delayed (``due``: Unix ms)."""
+        key, last value, target depth), or when they are delayed (``due``: Unix ms) or
+        have a deadline."""
         accept, header = q.filter, q.settings.group_header
         for i, (payload, headers, _) in enumerate(items):
             if accept is not None and not accept(headers, payload, topic):
                 continue
-            self.enqueue_one(q, first + i, headers, payload, topic, header, due)
+            self.enqueue_one(q, first + i, headers, payload, topic, header, due, deadline)
 
     def enqueue_one(self, q: Queue, seq: int, headers: dict[str, str], payload: bytes, topic: str,
-                    header: str | None, due: int = 0) -> None:
+                    header: str | None, due: int = 0, deadline: int = 0) -> None:
         if q.target.limit and not q.target.admit(seq):
             if due:  # journaled below; kept here until the message is read back in
                 q.target.due[seq] = due
@@ -198,6 +206,8 @@ class Admission:
             entering.enqueue(q, seq, gid, level)
             if due and not q.browse:  # browsers see every message at once: nothing is leased
                 q.mark_delayed(seq, gid, due, R.DELAY_PUBLISHED)
+            if deadline and not q.browse:
+                q.deadlines.mark(seq, deadline)
         if key is not None:
             q.last_values.admit(seq, key)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from mypy_extensions import trait
 
-from zq.core import delaying, entering
+from zq.core import deadlines, delaying, entering
 from zq.core import records as R
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ class TargetDepthMixin:
             due = q.target.due.pop(m.seq, 0)
             if due > self.now_ms:  # its delay was journaled when it was published: not again
                 delaying.mark(q, m.seq, gid, due, R.DELAY_PUBLISHED, journal=False)
+        deadline = deadlines.deadline_of(m.headers)
+        if deadline and not q.browse:
+            q.deadlines.mark(m.seq, deadline)
 
     def ack_inactive(self, q: Queue, sub: Subscription, seq: int) -> bool:
         """An unleased ack of a message still in the journal only: remember and journal it."""

@@ -248,6 +248,7 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         now_ms: int,
         msg_id: str | None = None,
         not_before_ms: int = 0,
+        deadline_ms: int = 0,
     ) -> int:
         """Journal one message and enqueue it on every queue covering its topic.
 
@@ -255,11 +256,12 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         before anything is journaled. (A batch of one: see ``publish_many``.)
         """
         return self.admission.publish_many(topic, [(payload, headers or {}, msg_id)], now_ms,
-                                           not_before_ms=not_before_ms)[0]
+                                           not_before_ms=not_before_ms, deadline_ms=deadline_ms)[0]
 
     def publish_many(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], now_ms: int,
-                     max_message_bytes: int = limits.MESSAGE_BYTES_MAX, not_before_ms: int = 0) -> list[int]:
-        return self.admission.publish_many(topic, items, now_ms, max_message_bytes, not_before_ms)
+                     max_message_bytes: int = limits.MESSAGE_BYTES_MAX, not_before_ms: int = 0,
+                     deadline_ms: int = 0) -> list[int]:
+        return self.admission.publish_many(topic, items, now_ms, max_message_bytes, not_before_ms, deadline_ms)
 
     def enqueue_copy(self, q: Queue, seq: int, gid: int) -> None:
         self.admission.enqueue_copy(q, seq, gid)

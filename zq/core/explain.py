@@ -62,6 +62,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
     tenant = fs.tenant_of.get(seq) if fs is not None else None
     if fs is not None and tenant is not None:
         out["tenant"] = {"name": tenant, "weight": fs.weight(tenant), "held": fs.held.get(tenant, 0)}
+    deadline = q.deadlines.due.get(seq)
+    if deadline is not None:  # its publish's ttl: waiting then, it expires (reason ttl)
+        out["expires_at_ms"] = deadline
     lease = q.lease_of.get(seq)
     if lease is not None:
         sub = lease.sub
@@ -71,6 +74,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         out["lease_ends_in_ms"] = max(0, lease.deadline_ms - now_ms)
         out["why"] = [f"delivery {out['deliveries']} is out with {out['leased_to']['name'] or sub.consumer} "
                       f"until its lease ends in {duration_text(out['lease_ends_in_ms'])} (or it is acked, cancelled or expired)"]
+        if seq in q.deadlines.overdue:
+            out["why"].append("its publish's deadline (ttl) has passed: if this delivery ends unacked, it expires "
+                              "(reason ttl) instead of going again")
         if seq in sub.revoking:
             out["why"].append("asked back for an idle consumer (reclaiming): it comes back if its holder has not "
                               "started it")
@@ -102,6 +108,9 @@ def explain(engine: Engine, queue: str, seq: int, now_ms: int, topic: str | None
         out["not_before_ms"] = due
         out["due_in_ms"] = max(0, due - now_ms)
     out["why"] = waiting_reasons(engine, q, seq, group, place, now_ms)
+    if deadline is not None:
+        out["why"].append(f"expires (reason ttl) if still waiting in {duration_text(max(0, deadline - now_ms))}: "
+                          "its publish's deadline")
     return out
 
 

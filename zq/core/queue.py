@@ -73,6 +73,7 @@ from zq.core import records as R
 from zq.core.aside import SetAside
 from zq.core.barriers import Barriers
 from zq.core.causes import CauseLedger, Causes
+from zq.core.deadlines import Deadlines
 from zq.core.delaying import DelayTimer
 from zq.core.depth import TargetDepth
 from zq.core.errors import LimitError
@@ -209,14 +210,14 @@ class Queue:
         self.poison_errors: dict[int, str] = {}  # this step's: seq -> why (its event and dead letter carry it)
         # Delays (retry backoff, publish delay): see the module docstring.
         self.delays = DelayTimer()
+        self.deadlines = Deadlines(self)  # a publish's ttl: the time each message must have gone by
         self.sleeping: set[int] = set()  # ranks of delayed messages of no group that dispatch set aside
         self.delays_out: list[tuple[int, int, int, str]] = []  # this step's: seq, deliveries, due ms, reason
         self.retries_delayed = 0  # returns that waited for the retry schedule (stats)
         self.renewed = 0  # lease renewals of connected holders (max_lease_age; stats)
         self.ledger = CauseLedger(s)  # why deliveries ended unfinished (zq.core.causes)
         self.backoff = s.backoff_ms
-        self.ack_latency = [0] * 16  # publish -> ack, see timeindex.ACK_LATENCY_BUCKETS_MS
-        self.ack_latency_sum_ms = 0
+        self.ack_latency, self.ack_latency_sum_ms = [0] * 16, 0  # publish -> ack, see timeindex.ACK_LATENCY_BUCKETS_MS
         self.ack_latency_ms: dict[int, int] = {}  # publish -> ack, two significant digits: timeindex.latency_key
         self.reclaiming = Reclaimer(self)  # reclaiming unstarted work (zq.core.reclaim)
         # Moving on from a stuck holder (zq.core.choosing.choose_avoiding): seq -> the consumer
@@ -543,6 +544,8 @@ class Queue:
             self.last_holder.pop(seq, None)
         if self.delays.due:
             self.delays.due.pop(seq, None)
+        if self.deadlines.due or self.deadlines.overdue:
+            self.deadlines.finished(seq)
         if self.ledger.open:
             self.ledger.finished(seq)
         if self.reclaiming.given:
@@ -595,12 +598,15 @@ class Queue:
             lease = clock.pop_due(now_ms)
         if watermark >= 0 and self.depth:
             expiry.expire_old(self, watermark, now_ms)
+        heap = self.deadlines.heap
+        if heap and heap[0][0] <= now_ms:
+            self.deadlines.expire_due(now_ms)
 
     def next_deadline_ms(self) -> int | None:
         best = self.lease_clock.next_ms()
-        d = self.delays.next_ms()
-        if d is not None:
-            best = d if best is None else min(best, d)
+        for d in (self.delays.next_ms(), self.deadlines.next_ms()):
+            if d is not None:
+                best = d if best is None else min(best, d)
         return best
 
     # ------------------------------------------------------- subscriptions

@@ -50,6 +50,7 @@ REASON_MAX_CONSUMER_GONE = "max-consumer-gone"  # its holder's session ended (or
 # aside on entry, live or at recovery, so that one message never stops a dispatcher. The
 # ``expired`` event carries the error per bookmark (``errors``), the dead letter ``zq.error``.
 REASON_POISON = "poison"
+REASON_TTL = "ttl"  # still waiting at the deadline its publish gave it (zq.core.deadlines)
 RETURN_RESTART = "dispatcher-restart"  # the reason of a ``returned`` event journaled by recovery: held when it died
 NOT_DEAD_LETTERED = (REASON_REPLACED, REASON_BARRIER)  # a last-value queue kept a newer message of the same key (not dead-lettered)
 
@@ -111,7 +112,10 @@ def resolve_copy(rec: Message, original: Message | None) -> Message:
     if not rec.headers:  # a plain copy (redrive): the original as it was published
         headers = {k: v for k, v in original.headers.items() if not k.startswith("zq.")}
         return Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)
-    headers = {**original.headers, **rec.headers, "zq.topic": original.headers.get("zq.topic", original.topic)}
+    kept = original.headers
+    if "zq.expires_at" in kept:  # a copy (dead letter, move) has no deadline of its own (zq.core.deadlines)
+        kept = {k: v for k, v in kept.items() if k != "zq.expires_at"}
+    headers = {**kept, **rec.headers, "zq.topic": original.headers.get("zq.topic", original.topic)}
     return Message(rec.seq, rec.ts_ms, rec.topic, headers, original.payload, original.msg_id)
 
 

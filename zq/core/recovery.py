@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from zq.core import entering, inventory, limits
+from zq.core import deadlines, entering, inventory, limits
 from zq.core import records as R
 from zq.core.errors import ZqError
 from zq.core.settings import QueueSettings
@@ -187,6 +187,9 @@ class Replay:
             self.causes[q.name].restore(q, msg.seq)
         if due and not barrier and not q.browse:  # it waits for the rest of its time (advance wakes it)
             q.mark_delayed(msg.seq, gid, due, R.DELAY_BACKOFF, journal=False)
+        deadline = deadlines.deadline_of(msg.headers) if msg.copy_of is None else 0
+        if deadline and not barrier and not q.browse:  # past already: the first advance expires it
+            q.deadlines.mark(msg.seq, deadline)
 
     def finish(self, recovery_points: dict[str, int], written: dict[str, int]) -> None:
         """What the fold leaves for the first step: counters from zero, early acks of

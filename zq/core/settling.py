@@ -110,6 +110,8 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
             q.ledger.open.pop(seq, None)
         if q.reclaiming.given:
             q.reclaiming.given.pop(seq, None)
+        if q.deadlines.due:
+            q.deadlines.finished(seq)
         busy += now_ms - lease.started_ms
         events.append((seq, m & D_MASK))
         done += 1
@@ -255,6 +257,9 @@ def put_back(q: Queue, seq: int, m: int, due_ms: int = 0, reason: str = "") -> N
     before ``due_ms``, when given)."""
     if seq <= q.expired_watermark:
         expire_leased(q, seq, m, R.REASON_EXPIRED)
+        return
+    if q.deadlines.overdue and q.deadlines.expire_overdue(seq):  # its deadline passed while it was out
+        expire_leased(q, seq, m, R.REASON_TTL)
         return
     if q.last_values.key_of and q.last_values.superseded(seq):  # a newer value came while it was out
         q.last_values.replaced += 1

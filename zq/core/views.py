@@ -85,6 +85,8 @@ class Views:
                          "breaches": q.overflow.breaches, "rejected": q.overflow.rejected, "dropped": q.overflow.dropped},
             "replaced": q.last_values.replaced,
             "poisoned": q.poisoned,  # set aside: content the queue could not evaluate (R.REASON_POISON)
+            "ttl_expired": q.deadlines.expired,  # still waiting at their publish's deadline (R.REASON_TTL)
+            "with_deadline": len(q.deadlines.due),
             "inactive": q.target.inactive,
             "kind": queue_kind(q.settings),
             "barriers": {"waiting": len(q.barrier.waiting), "released": q.barrier.released},

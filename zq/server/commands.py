@@ -186,7 +186,13 @@ class Commands:
             if not 0 < cmd.delay_ms <= limits.DURATION_MS_MAX:
                 raise ProtocolError(f"a publish's delay must be 0..{limits.DURATION_MS_MAX} ms")
             not_before = max(not_before, now + cmd.delay_ms)
-        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes, not_before)
+        deadline = cmd.expires_at_ms
+        if cmd.ttl_ms:  # counted from when the dispatcher takes the frame; the sooner of the two wins
+            if not 0 < cmd.ttl_ms <= limits.DURATION_MS_MAX:
+                raise ProtocolError(f"a publish's ttl must be 0..{limits.DURATION_MS_MAX} ms")
+            deadline = min(deadline, now + cmd.ttl_ms) if deadline else now + cmd.ttl_ms
+        bookmarks = self.engine.publish_many(cmd.topic, cmd.messages, now, self.config.max_message_bytes, not_before,
+                                             deadline)
         peer.published += len(bookmarks)
         full = self.engine.withheld(cmd.topic)
         if full:  # flow-control: the confirmation waits until those queues drain

@@ -44,6 +44,8 @@ class Publish(_Cmd, tag="pub"):
     messages: list[tuple[bytes, dict[str, str], str | None]]
     delay_ms: int = 0  # no message of the frame goes before this long after the dispatcher commits it
     not_before_ms: int = 0  # ... nor before this Unix time (ms; the dispatcher's clock)
+    ttl_ms: int = 0  # a message of the frame still waiting this long after the dispatcher took it expires (reason ttl)
+    expires_at_ms: int = 0  # ... or at this Unix time (ms; the dispatcher's clock), whichever is sooner
 
 
 class Subscribe(_Cmd, tag="sub"):
