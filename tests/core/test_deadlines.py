@@ -153,3 +153,46 @@ def test_a_client_cannot_send_the_deadline_header_itself_and_a_bad_one_is_no_dea
     with pytest.raises(ProtocolError, match="reserved"):
         h.engine.publish("jobs", b"x", {HEADER: "5"}, h.now)
     assert deadline_of({HEADER: "soon"}) == 0 and deadline_of({HEADER: "-5"}) == 0 and deadline_of({}) == 0
+
+
+def test_expiring_many_messages_of_an_ordered_queue_does_not_search_for_each(monkeypatch):
+    """A deadline's message is known to wait (not leased, not removed): an ordered queue's
+    heap is not scanned once per expiring message (4,096 at once froze a big queue)."""
+    from zq.core import removal
+
+    h = Harness(queue(priority="/p"))
+    h.pub("jobs", 200)  # no deadline: the heap is big
+    doomed = h.engine.publish_many("jobs", [(b'{"p": 1}', {}, None)] * 50, h.now, deadline_ms=100)
+    h.drain()
+    searched = []
+    original = removal.is_waiting
+    monkeypatch.setattr(removal, "is_waiting", lambda q, seq: searched.append(seq) or original(q, seq))
+    h.advance(100)
+    h.drain()
+    assert set(expired(h)) == set(doomed) and searched == []
+
+
+def test_an_ack_after_the_deadline_leaves_nothing_behind():
+    h = Harness(queue())
+    seqs = h.engine.publish_many("jobs", [(b"x", {}, None)] * 3, h.now, deadline_ms=100)
+    h.sub("w", "jobs", 5)
+    assert h.drain() == {"w": seqs}
+    h.advance(200)  # out with w at their deadline: overdue
+    h.drain()
+    q = h.engine.queues["jobs"]
+    assert q.deadlines.overdue == set(seqs)
+    h.engine.ack("w", seqs, h.now)  # the batch path
+    h.drain()
+    assert q.deadlines.overdue == set() and q.deadlines.due == {} and expired(h) == {}
+
+
+def test_purged_and_replaced_messages_drop_their_deadline_at_once():
+    h = Harness(queue(), QueueSettings(name="latest", lvq_key="k", backoff_ms=[]))
+    h.engine.publish_many("jobs", [(b"x", {}, None)] * 5, h.now, deadline_ms=10**9)
+    for v in (b"1", b"2", b"3"):
+        h.engine.publish("latest", v, {"k": "a"}, h.now, deadline_ms=10**9)
+    h.drain()
+    assert h.engine.stats()["queues"]["latest"]["with_deadline"] == 1  # the two replaced ones left it
+    h.engine.purge("jobs", h.now)
+    h.drain()
+    assert h.engine.stats()["queues"]["jobs"]["with_deadline"] == 0

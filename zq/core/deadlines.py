@@ -85,7 +85,9 @@ class Deadlines:
                 self.overdue.add(seq)
                 continue
             deliveries, group = q.deliveries_of(seq), q.group_name_of(seq)
-            if removal.remove_available(q, seq):
+            # Still here, not leased, not removed (removal drops its deadline): it waits, so no
+            # search for it (an ordered queue's would scan its heap, once per message).
+            if removal.remove_available(q, seq, known_waiting=True):
                 self.expired += 1
                 q.expired += 1
                 q.expired_out.append((seq, R.REASON_TTL, deliveries, group))

@@ -78,6 +78,8 @@ def remove_available(q: Queue, seq: int, known_waiting: bool = False, gid: int =
     if seq == q.heap_oldest:
         q.heap_oldest = None
     q.overflow.forget(seq)  # now, not when its removal is reached
+    if q.deadlines.due:
+        q.deadlines.finished(seq)  # (it never goes again: its deadline is moot)
     return True
 
 

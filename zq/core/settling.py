@@ -110,7 +110,7 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
             q.ledger.open.pop(seq, None)
         if q.reclaiming.given:
             q.reclaiming.given.pop(seq, None)
-        if q.deadlines.due:
+        if q.deadlines.due or q.deadlines.overdue:
             q.deadlines.finished(seq)
         busy += now_ms - lease.started_ms
         events.append((seq, m & D_MASK))
