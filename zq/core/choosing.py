@@ -19,6 +19,16 @@ if TYPE_CHECKING:
     from zq.core.queue import Queue, Subscription
 
 
+def choose_next(q: Queue, grp: Group | None, seq: int) -> Subscription | None:
+    """Who takes ``seq`` (of group ``grp``) when it comes back or its group's turn comes:
+    anyone but the consumer its last delivery expired or failed with, while another has
+    credit; among those whose filter takes it, on a queue with filtered subscriptions."""
+    avoid = q.last_holder.get(seq) if q.last_holder else None
+    if q.filtered:
+        return choose_for(q, grp, seq, avoid)
+    return choose(q, grp) if avoid is None else choose_avoiding(q, grp, avoid)
+
+
 def choose(q: Queue, grp: Group | None) -> Subscription | None:
     """Pick the subscription for the next message by the queue's fairness."""
     if grp is not None and q.owned and grp.owner is not None:

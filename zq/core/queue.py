@@ -390,11 +390,7 @@ class Queue:
             if filtered and self.matches >= budget:
                 self.stop_for_budget()
                 return _STOP
-            avoid = self.last_holder.get(seq) if self.last_holder else None
-            if filtered:
-                sub = choosing.choose_for(self, None, seq, avoid)
-            else:
-                sub = choosing.choose(self, None) if avoid is None else choosing.choose_avoiding(self, None, avoid)
+            sub = choosing.choose_next(self, None, seq)
             if sub is None and not (filtered and choosing.any_credit(self)):
                 return _STOP
         heapq.heappop(returned)
@@ -444,11 +440,7 @@ class Queue:
         if filtered and self.matches >= budget:
             self.stop_for_budget()
             return _STOP
-        avoid = self.last_holder.get(seq) if self.last_holder else None
-        if filtered:
-            sub = choosing.choose_for(self, grp, seq, avoid)
-        else:
-            sub = choosing.choose(self, grp) if avoid is None else choosing.choose_avoiding(self, grp, avoid)
+        sub = choosing.choose_next(self, grp, seq)
         if sub is None:
             if filtered and choosing.any_credit(self):
                 heapq.heappop(ready)

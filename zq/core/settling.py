@@ -92,6 +92,9 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
         events = q.events_out[(R.ACKED, sub.consumer, "")] = []
     refused: list[int] = []
     done = busy = 0
+    # What a finished message leaves elsewhere (each usually empty: one test per message).
+    causes_open, reclaimed, deadlines = q.ledger.open, q.reclaiming.given, q.deadlines
+    with_deadline, overdue = deadlines.due, deadlines.overdue
     for i, seq in enumerate(seqs):
         lease = lease_of.get(seq)
         if lease is None or lease.sub is not sub:
@@ -106,12 +109,12 @@ def ack_many(q: Queue, sub: Subscription, seqs: list[int], now_ms: int = 0, epoc
             continue
         del lease_of[seq]
         lease.live -= 1
-        if q.ledger.open:
-            q.ledger.open.pop(seq, None)
-        if q.reclaiming.given:
-            q.reclaiming.given.pop(seq, None)
-        if q.deadlines.due or q.deadlines.overdue:
-            q.deadlines.finished(seq)
+        if causes_open:
+            causes_open.pop(seq, None)
+        if reclaimed:
+            reclaimed.pop(seq, None)
+        if with_deadline or overdue:
+            deadlines.finished(seq)
         busy += now_ms - lease.started_ms
         events.append((seq, m & D_MASK))
         done += 1
