@@ -240,3 +240,36 @@ def test_a_bad_grace_is_one_line_and_exit_2(value):
     assert run.exit_code == 2, run.output
     lines = run.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("zq: --grace "), run.output
+
+
+@slow
+def test_publish_to_puts_each_command_s_stdout_lines_in_the_ack_s_commit(server, consumers):
+    """A pipeline stage in one line of shell: exit 0 publishes the command's stdout lines
+    with the ack (docs/protocol.md §7.9); a failing command publishes nothing; output
+    the dispatcher refuses fails the message, with why, and publishes nothing."""
+    first, second, third = publish(server, "stage", "a b", "fail", "huge")
+    command = ('read -r words; case "$words" in fail) echo partial; exit 3;; '
+               'huge) head -c 20000000 /dev/zero | tr "\\0" x; echo;; *) for w in $words; do echo "$w"; done;; esac')
+    zq = Consume(server, "stage", command, "--publish-to", "stage.out", "--limit", "3", "--timeout", "5")
+    consumers.append(zq)
+    assert zq.wait(60) == 0, zq.stderr
+    assert "the command's stdout is over 16,777,216 bytes: not published" in zq.stderr
+    with Client(server.endpoint) as c:
+        with c.subscribe("stage.out", max_backlog=10) as out:
+            got = [out.get(5) for _ in range(2)]
+            assert out.get(0.3) is None, "published more than the successful command's lines"
+            assert [m.data for m in got] == [b"a", b"b"]
+            assert [m.msg_id for m in got] == [f"stage:{first}:0", f"stage:{first}:1"]
+            out.ack_many(got, wait=True)
+        st = c.stats()["queues"]["stage"]
+        assert (st["acked"], st["failed"]) == (1, 2), st
+        assert c.explain("stage", second)["causes"]["last_error"].endswith("exited 3")
+
+
+def test_publish_to_needs_exec():
+    from typer.testing import CliRunner
+
+    from zq.cli.app import app
+
+    run = CliRunner().invoke(app, ["consume", "q", "-e", "ipc:///nonexistent/zq.sock", "--publish-to", "out"])
+    assert run.exit_code == 2 and "give --exec too" in run.output, run.output

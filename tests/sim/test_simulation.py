@@ -6,7 +6,7 @@ Replay one failing seed with ``pytest tests/sim --zq-seed=N`` or
 
 import pytest
 
-from zq.core import delaying, entering, grouping, leases, settling
+from zq.core import delaying, entering, grouping, leases, settling, transactions
 from zq.core.queue import Queue
 from zq.core.reclaim import Reclaimer
 from zq.testing.checkers import InvariantError
@@ -115,11 +115,17 @@ def test_idle_workers_reclaim_unstarted_work_and_the_checks_ran():
      "retry-wakes-early", "parked-group-blocks-all", "renewal-ignores-max-age", "renewal-never-renews",
      "causes-miss-lease-expiries", "fair-share-ignores-tenants", "reclaim-takes-started-work",
      "reclaim-never-asks", "reclaims-count-as-deliveries", "poison-let-in", "poison-everything",
-     "redelivery-back-to-the-stuck-holder", "settles-visit-no-queue", "deadlines-never-scheduled"],
+     "redelivery-back-to-the-stuck-holder", "settles-visit-no-queue", "deadlines-never-scheduled",
+     "tx-ignores-the-fence", "tx-ids-not-from-the-input"],
 )
 def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
     """A checker that cannot fail proves nothing: plant a bug, expect a failure."""
-    if bug == "sequenced-group-ignores-inflight":
+    if bug == "tx-ignores-the-fence":  # a transaction on a delivery no longer live publishes anyway
+        monkeypatch.setattr(transactions, "not_live", lambda q, sub, seqs, epochs, next_seq: {})
+    elif bug == "tx-ids-not-from-the-input":  # a redelivered input's outputs are stored again
+        fresh = iter(range(10**9))
+        monkeypatch.setattr(transactions, "derived_id", lambda queue, bookmark, index: f"{queue}:{bookmark}.{next(fresh)}:{index}")
+    elif bug == "sequenced-group-ignores-inflight":
         monkeypatch.setattr(grouping, "can_go", lambda q, grp: True)
     elif bug == "ordered-queue-ignores-rank":
         original_enqueue = entering.enqueue_ranked
@@ -226,6 +232,16 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         except InvariantError:
             caught += 1
     assert caught > 0, f"no seed caught the planted bug {bug!r}"
+
+
+def test_transactions_are_applied_and_refused_across_crashes_and_the_check_ran():
+    """Settle-and-publish steps (``Simulator.transact``): applied ones checked whole at
+    their commit, refused ones (a stale delivery, a full queue) checked to leave nothing."""
+    sims = [Simulator(seed, 600).run() for seed in range(1, 9)]
+    assert sum(s.transactions for s in sims) > 200, [s.transactions for s in sims]
+    assert sum(s.tx_refused for s in sims) > 100, [s.tx_refused for s in sims]
+    assert sum(s.crashes for s in sims if s.transactions) > 3
+    assert sum(len(s.tx_ids) for s in sims) > 200
 
 
 def test_expired_and_failed_work_moves_on_to_other_consumers_and_the_check_ran():

@@ -332,6 +332,9 @@ def consume(
                               "the running commands get to finish (0..86400); a second signal cancels them"),
     reclaimable: bool = typer.Option(False, "--reclaimable", help="let the dispatcher take back prefetched messages "
                                      "not yet started, for an idle consumer"),
+    publish_to: Optional[str] = typer.Option(None, "--publish-to", metavar="TOPIC", help="with --exec: publish each "
+                                             "line the command writes to stdout to TOPIC, in the same commit as the "
+                                             "message's ack (both or neither)"),
 ) -> None:
     """Print messages as JSON lines and ack each; or run --exec per message.
 
@@ -342,6 +345,10 @@ def consume(
     group: a Ctrl-C reaches zq only, and a cancel reaches all the command started."""
     if concurrency < 1:
         raise fail("--concurrency must be at least 1", RET_USAGE)
+    if publish_to is not None and not exec_:
+        raise fail("--publish-to publishes what an --exec command writes: give --exec too", RET_USAGE)
+    if publish_to is not None and not publish_to.strip():
+        raise fail("--publish-to needs a topic", RET_USAGE)
     grace_s = parse_grace(grace)
     with client_for(endpoint) as c:
         known = {q["name"]: q for q in c.queues()}
@@ -355,7 +362,7 @@ def consume(
         settings = known.get(queue) or next((q for q in c.queues() if q["name"] == queue), {})
         with sub:
             if exec_:
-                code = run_exec(sub, exec_, concurrency, count, timeout, settings, grace_s)
+                code = run_exec(sub, exec_, concurrency, count, timeout, settings, grace_s, publish_to)
                 if code:
                     raise typer.Exit(code)
             else:

@@ -4,6 +4,8 @@ work twice.
 Each message runs ``CMD`` (``sh -c``) with the payload on stdin and ``ZQ_BOOKMARK``,
 ``ZQ_TOPIC``, ``ZQ_DELIVERIES``, ``ZQ_GROUP`` in its environment; exit 0 acks it, any
 other status cancels it as *failed* (``max_failures``; its dead letter carries why).
+With ``--publish-to TOPIC`` the command's stdout lines are published to TOPIC in the
+same commit as the ack (docs/protocol.md §7.9): a pipeline stage in one line of shell.
 
 Stopping is ``zq.Worker``'s (examples/worker_fleet.py): the first SIGTERM or SIGINT
 stops taking messages and lets the running commands finish, each settled by its exit
@@ -53,6 +55,7 @@ KILL_AFTER_S = 3.0  # a cancelled command's group gets SIGTERM, then SIGKILL thi
 CANNOT_RUN = {126: "found but not executable", 127: "command not found"}  # the shell's exit statuses
 TICK_S = 0.1  # the longest the main thread waits before it looks at signals again
 STDERR_TAIL = 2048  # bytes of a command's stderr kept, for the line about a command that cannot run
+OUTPUT_BYTES_MAX = 16 * 1024 * 1024  # --publish-to: a command's stdout kept for publishing (beyond: it fails)
 NOTHING = "FALSE"  # a filter no message matches: the dispatcher hands this subscription nothing more
 
 
@@ -144,8 +147,10 @@ class ExecRun:
     """One ``zq consume --exec`` run: the main thread takes messages and watches the
     signals; a thread per message runs its command and settles it."""
 
-    def __init__(self, sub: Any, command: str, concurrency: int, settings: dict, grace: float) -> None:
+    def __init__(self, sub: Any, command: str, concurrency: int, settings: dict, grace: float,
+                 publish_to: str | None = None) -> None:
         self.sub = sub
+        self.publish_to = publish_to  # the command's stdout lines go there, in the ack's commit
         self.command = command
         self.shown = command if len(command) <= 80 else command[:77] + "..."
         self.settings = settings
@@ -341,13 +346,19 @@ class ExecRun:
             # A session of its own: a terminal's Ctrl-C reaches zq only, and a cancel
             # reaches everything the command started (its process group).
             proc = subprocess.Popen(self.command, shell=True, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env, start_new_session=True)
+                                    stdout=subprocess.PIPE if self.publish_to else None, env=env,
+                                    start_new_session=True)
         except OSError as exc:
             self.cannot_run(msg, 127 if isinstance(exc, FileNotFoundError) else 126, str(exc))
             return
         tail = bytearray()
         copier = threading.Thread(target=tee, args=(proc.stderr, tail), daemon=True)
         copier.start()
+        output = Captured()
+        reader = None
+        if self.publish_to:
+            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
+            reader.start()
         with self.lock:
             self.running[proc.pid] = proc
             if self.cancelling:  # started as the cancel went out: it goes too
@@ -363,9 +374,14 @@ class ExecRun:
             pass  # the command did not read it all: its exit status says how it went
         rc = proc.wait()
         copier.join(0.5)  # (a command's background child may hold stderr open: not waited for)
+        if reader is not None:
+            reader.join()  # (its stdout is the work: read to its end)
         with self.lock:
             del self.running[proc.pid]
             killed = proc.pid in self.killed
+        if rc == 0 and self.publish_to:
+            self.ack_with_output(msg, output)
+            return
         if rc == 0:  # done, even if a cancel came as it finished: the work is not to be repeated
             verdict = msg.ack(wait=True)  # a command is slow next to a round trip: ask
             if verdict == "lost":
@@ -385,6 +401,30 @@ class ExecRun:
         say(f"the command exited {rc} for bookmark {msg.bookmark} (delivery {msg.deliveries}): cancelled; "
             f"{failure_note(self.settings, msg.deliveries)}")
 
+    def ack_with_output(self, msg: Any, output: "Captured") -> None:
+        """``--publish-to``: the command's stdout lines are published with the ack, in one
+        commit (docs/protocol.md §7.9): a message is never acked without its output, and
+        its output is never stored twice. Output zq cannot publish (too much, a line
+        over the size limit, a refused topic) fails the message instead, with why."""
+        assert self.publish_to is not None
+        if output.over:
+            msg.cancel(error=f"`{self.command[:200]}` wrote more than {OUTPUT_BYTES_MAX:,} bytes to stdout")
+            say(f"bookmark {msg.bookmark}: the command's stdout is over {OUTPUT_BYTES_MAX:,} bytes: not published; "
+                f"cancelled as failed; {failure_note(self.settings, msg.deliveries)}")
+            return
+        lines = [line for line in bytes(output.data).split(b"\n") if line]
+        try:
+            verdict = msg.ack(publish=[(self.publish_to, line) for line in lines])
+        except ZqError as exc:
+            msg.cancel(error=f"output not published: {exc.code}: {str(exc)[:300]}")
+            say(f"bookmark {msg.bookmark}: the command's output was refused ({exc.code}: {exc}); nothing published, "
+                f"cancelled as failed; {failure_note(self.settings, msg.deliveries)}")
+            return
+        if verdict != "ok":
+            say(f"the command succeeded for bookmark {msg.bookmark} (delivery {msg.deliveries}) after its lease had "
+                f"ended ({verdict}): its output was not published; the message goes again and its work will run "
+                "again (a longer lease on the queue avoids this)")
+
     def cannot_run(self, msg: Any, rc: int, said: str) -> None:
         """The command cannot run here: not the message's failure. It goes back, and
         the run stops with one line (the first such command's) and exit status ``rc``."""
@@ -401,8 +441,28 @@ class ExecRun:
                 f"(fix the command, then run zq consume again)")
 
 
+class Captured:
+    """A command's stdout, read to its end, kept up to ``OUTPUT_BYTES_MAX`` (beyond: ``over``,
+    and the rest is read and dropped so the command is never blocked on a full pipe)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.over = False
+
+    def read(self, src: BinaryIO) -> None:
+        while True:
+            chunk = src.read1(65536) if hasattr(src, "read1") else src.read(65536)
+            if not chunk:
+                return
+            if len(self.data) + len(chunk) > OUTPUT_BYTES_MAX:
+                self.over = True
+                continue
+            self.data += chunk
+
+
 def run_exec(sub: Any, command: str, concurrency: int, count: int | None, timeout: float | None,
-             settings: dict | None = None, grace: float = GRACE_DEFAULT_S) -> int:
+             settings: dict | None = None, grace: float = GRACE_DEFAULT_S, publish_to: str | None = None) -> int:
     """Run ``command`` per message of ``sub``; returns the exit status for ``zq consume``:
-    0, 126 / 127 (a command that cannot run), or 1 (running commands were cancelled)."""
-    return ExecRun(sub, command, concurrency, settings or {}, grace).run(count, timeout)
+    0, 126 / 127 (a command that cannot run), or 1 (running commands were cancelled).
+    ``publish_to``: each command's stdout lines are published there with its ack."""
+    return ExecRun(sub, command, concurrency, settings or {}, grace, publish_to).run(count, timeout)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from zq.client.client import Client
-from zq.client.messages import Message, Subscription
+from zq.client.messages import Message, Subscription, Transaction
 from zq.client.session import cancel_options
 
 
@@ -115,6 +115,14 @@ class AsyncSubscription:
         live = [m for m in messages if m.deliveries]
         return await asyncio.get_running_loop().run_in_executor(None, lambda: self.sub._settle_wait(
             op, live, delay_ms=delay_ms, error=text))
+
+    async def commit(self, messages: list[Message], publish: list[tuple] = [], *, op: str = "ack",  # noqa: B006
+                     delay: float | None = None, error: str | BaseException | None = None) -> Transaction:
+        """Settle ``messages`` and publish ``publish`` in one commit, awaited
+        (``Subscription.commit``; ``msg.ack(publish=...)`` would block the event loop)."""
+        outputs = list(publish)
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: self.sub.commit(
+            messages, outputs, op=op, delay=delay, error=error))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.sub.close)

@@ -15,7 +15,7 @@ import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -26,8 +26,10 @@ from zq.client.session import (
     bookmark_arg,
     cancel_options,
     duration_arg,
+    outputs_arg,
     results_by_bookmark,
     settle_command,
+    tx_outcome,
 )
 from zq.core import records as R
 from zq.core.errors import ZqError
@@ -164,6 +166,67 @@ def count_verdicts(holder: Any, results: dict[int, str]) -> dict[int, str]:
                 holder.lost += 1
     return results
 
+class Verdict(str):
+    """A settle-and-publish's verdict on one message (``msg.ack(publish=...)``): ``"ok"``
+    when the settle and every output were committed as one, ``bookmarks`` then giving
+    the outputs' bookmarks in order (an output the dedup window absorbed: its first
+    one); otherwise the message's verdict as ``ack(wait=True)`` gives it (``"lost"``,
+    ``"dead"``, ``"done"``, ``"unknown"``) and nothing was published."""
+
+    bookmarks: list[int]
+
+    def __new__(cls, verdict: str, bookmarks: Iterable[int] = ()) -> "Verdict":
+        v = super().__new__(cls, verdict)
+        v.bookmarks = list(bookmarks)
+        return v
+
+
+class Transaction(NamedTuple):
+    """What ``commit`` did: ``committed`` (the settles and every output as one, or none
+    of it), each message's verdict (``ok``; not committed: ``lost`` / ``dead`` /
+    ``done`` / ``unknown`` for the deliveries that were not live, ``held`` for those
+    still this consumer's to settle), and the outputs' bookmarks in order."""
+
+    committed: bool
+    verdicts: dict[int, str]
+    bookmarks: list[int]
+
+
+def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable[tuple], op: str,
+                    delay: float | None, error: str | BaseException | None, timeout: float) -> Transaction:
+    """``commit`` of a Subscription or a Worker (``owner``, whose ``_ask`` sends a request
+    and waits for its REPLY): settle ``messages`` by ``op`` and publish ``publish`` in one
+    commit, fenced by each delivery's count."""
+    if op not in ("ack", "cancel"):
+        raise ValueError(f"a transaction settles with ack or cancel, not {op!r}")
+    if op != "cancel" and (delay is not None or error is not None):
+        raise ValueError("only a cancel takes a delay or an error")
+    outputs = outputs_arg(publish)
+    delay_ms, text = cancel_options(delay, error) or (-1, "")
+    messages = list(messages)
+    if not messages:
+        raise ValueError("a transaction settles at least one message")
+    if any(not m.deliveries for m in messages):
+        raise ValueError("a replayed or browsed message holds no lease to settle in a transaction")
+    gen = owner._generation()
+    if any(m._generation != gen for m in messages):  # their leases ended with an earlier session
+        verdicts = {m.bookmark: "lost" if m._generation != gen else "held" for m in messages}
+        count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
+        return Transaction(False, verdicts, [])
+    bookmarks = [m.bookmark for m in messages]
+    epochs = [m.deliveries for m in messages]
+    try:
+        answer = owner._ask(lambda req: wire.Transact(req, owner.sub_id, op, bookmarks, epochs, outputs, delay_ms, text),
+                            timeout)
+    except SessionLost:  # committed or not, the leases ended with the session: the message goes again if not
+        return Transaction(False, count_verdicts(owner, dict.fromkeys(bookmarks, "lost")), [])
+    committed, verdicts, published = tx_outcome(answer, bookmarks)
+    if committed and owner.unstarted is not None:
+        owner.unstarted.settled(zip(bookmarks, epochs))
+    count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
+    return Transaction(committed, verdicts, published)
+
+
 class Message:
     """One delivered message. Settle it once: ``ack``, ``cancel``, ``expire``."""
 
@@ -186,7 +249,7 @@ class Message:
         header = getattr(self._sub, "group_header", "group")
         return self.headers.get(header) if header else None
 
-    def ack(self, *, wait: bool = False) -> Any:
+    def ack(self, *, wait: bool = False, publish: Iterable[tuple] | None = None) -> Any:
         """Acknowledge. The settle is queued for the wire and this returns at once; with
         ``wait=True`` it waits for the dispatcher's verdict and returns it: ``"ok"``,
         ``"lost"`` (this delivery's lease had ended and the message went, or will go,
@@ -194,15 +257,30 @@ class Message:
         and it was dead-lettered since, or dropped or expired: nobody will do it),
         ``"done"`` (already settled) or ``"unknown"``. Every settle is fenced by this
         delivery's count either way, and every verdict but ``"ok"`` is counted in the
-        subscription's ``refused`` (``"lost"`` also in ``lost``), batched or waited for."""
+        subscription's ``refused`` (``"lost"`` also in ``lost``), batched or waited for.
+
+        ``publish``: what this message produced, ``[(topic, data[, headers[, msg_id]]),
+        ...]``, published in the same commit as the ack: both happen or neither does
+        (fenced: if this delivery is no longer live, nothing is published). Waits, and
+        returns a ``Verdict`` (``"ok"`` with the outputs' ``bookmarks``). An output
+        without a ``msg_id`` gets one derived from this message (its queue, bookmark
+        and the output's place), so if this message is processed again after a lost
+        answer or a failover, the same outputs are not stored twice within the dedup
+        window. A bad output raises (``ZqError``), and nothing happened."""
+        if publish is not None:
+            return self._commit("ack", publish, None, None)
         return self._settle("ack", wait)
 
-    def cancel(self, *, wait: bool = False, delay: float | None = None, error: str | BaseException | None = None) -> Any:
+    def cancel(self, *, wait: bool = False, delay: float | None = None, error: str | BaseException | None = None,
+               publish: Iterable[tuple] | None = None) -> Any:
         """Give the message back: it goes again after its queue's retry schedule
         (``backoff``; at once without one), or after ``delay`` seconds when given (0: at
         once). With ``error`` (why the work failed: a string or the exception) the
         delivery counts as *failed* (``max_failures``) and its dead letter will carry the
-        error. A cancel with a delay or an error is sent at once and returns the verdict."""
+        error. A cancel with a delay or an error is sent at once and returns the verdict.
+        ``publish``: outputs published in the same commit as the cancel (see ``ack``)."""
+        if publish is not None:
+            return self._commit("cancel", publish, delay, error)
         options = cancel_options(delay, error)
         if options is not None:
             if not self.deliveries:
@@ -220,6 +298,11 @@ class Message:
         skipped (it goes to someone else; settling it is answered ``lost``). Otherwise
         taking the message started it, and this is True while its session lives."""
         return self._sub._start(self)  # type: ignore[no-any-return]
+
+    def _commit(self, op: str, publish: Iterable[tuple], delay: float | None,
+                error: str | BaseException | None) -> Verdict:
+        tx = self._sub.commit([self], publish, op=op, delay=delay, error=error)
+        return Verdict(tx.verdicts[self.bookmark], tx.bookmarks)
 
     def _settle(self, op: str, wait: bool) -> Any:
         if not self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
@@ -242,6 +325,15 @@ _END = object()  # in a replay's inbox: its END arrived; nothing follows
 
 class MessageStream:
     """``for msg in sub``: each step is a ``get()`` with no timeout."""
+
+    def commit(self, messages: Iterable[Message], publish: Iterable[tuple] = (), *, op: str = "ack",
+               delay: float | None = None, error: str | BaseException | None = None,
+               timeout: float = 30.0) -> Transaction:
+        """Settle ``messages`` (``op``: ``ack`` or ``cancel``, with a cancel's ``delay``
+        and ``error``) and publish ``publish`` (``[(topic, data[, headers[, msg_id]])]``)
+        in one commit: all of it happens, or none of it (``Message.ack(publish=...)`` is
+        the one-message form; its docstring says what is guaranteed)."""
+        return commit_messages(self, messages, publish, op, delay, error, timeout)
 
     def get(self, timeout: float | None = None) -> Message | None:
         raise NotImplementedError
@@ -395,6 +487,14 @@ class Subscription(MessageStream):
                 return count_verdicts(self, {**results, **{b: "lost" for b in bookmarks}})
             results.update(results_by_bookmark(answer, bookmarks))
         return count_verdicts(self, results)
+
+    def _generation(self) -> int:
+        return self.client.generation  # type: ignore[no-any-return]
+
+    def _ask(self, make: Callable[[int], object], timeout: float) -> Any:
+        """Send a request (after the settles made before it) and wait for its REPLY; an
+        ERROR raises, a lost session raises ``SessionLost``."""
+        return self.client._request(make, timeout=timeout)
 
     def _settle(self, op: str, msg: Message) -> None:
         """Queue a settle; wake the I/O thread only when it may have to act: on the first

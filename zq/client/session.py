@@ -477,6 +477,44 @@ def results_by_bookmark(answer: dict, bookmarks: list[int]) -> dict[int, str]:
     return {b: out.get(b, "unknown") for b in bookmarks}
 
 
+TX_RESULTS = ("lost", "dead", "done", "unknown", "unknown-subscription")
+
+
+def outputs_arg(publish: object) -> list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]:
+    """A transaction's outputs as TX carries them, checked in the caller's thread:
+    ``publish`` holds ``(topic, data)``, ``(topic, data, headers)`` or ``(topic, data,
+    headers, msg_id)`` tuples; neighbours of one topic share an entry, in order (an
+    output's derived id follows its place in the transaction)."""
+    if isinstance(publish, (str, bytes, dict)) or not hasattr(publish, "__iter__"):
+        raise TypeError(f"publish: a list of (topic, data[, headers[, msg_id]]) tuples, got {type(publish).__name__}")
+    out: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]] = []
+    for item in publish:  # type: ignore[attr-defined]
+        if not isinstance(item, tuple) or not 2 <= len(item) <= 4:
+            raise TypeError(f"publish: each output is (topic, data[, headers[, msg_id]]), got {item!r:.60}")
+        topic = item[0]
+        if type(topic) is not str or not topic:
+            raise TypeError(f"publish: an output's topic must be a non-empty str, got {topic!r:.60}")
+        one = wire_item(item[1], None, None, item[3] if len(item) > 3 else None, item[2] if len(item) > 2 else None)
+        if out and out[-1][0] == topic:
+            out[-1][1].append(one)
+        else:
+            out.append((topic, [one]))
+    return out
+
+
+def tx_outcome(answer: dict, bookmarks: list[int]) -> tuple[bool, dict[int, str], list[int]]:
+    """A TX's REPLY as (committed, bookmark -> verdict, the outputs' bookmarks in order).
+    Not committed: each input not live has its settle's verdict; the others ``held``
+    (nothing happened to them: still this consumer's to settle)."""
+    if answer.get("committed"):
+        return True, dict.fromkeys(bookmarks, "ok"), [seq for seqs in answer.get("published", ()) for seq in seqs]
+    verdicts = dict.fromkeys(answer.get("held", ()), "held")
+    for result in TX_RESULTS:
+        for seq in answer.get(result, ()):
+            verdicts[seq] = "unknown" if result == "unknown-subscription" else result
+    return False, {b: verdicts.get(b, "unknown") for b in bookmarks}, []
+
+
 def drain_frames(sock: zmq.Socket, limit: int = 1000) -> Iterator[bytes]:
     for _ in range(limit):
         if not sock.getsockopt(EVENTS) & POLLIN:

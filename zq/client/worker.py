@@ -51,6 +51,7 @@ from zq.client.session import (
     Endpoints,
     Lost,
     RetryLog,
+    SessionLost,
     check_target,
     close_session_socket,
     closing,
@@ -125,6 +126,7 @@ class Worker(MessageStream):
         self.refused = 0  # settles the dispatcher did not apply (any result but ok)
         self.lost = 0  # of them: deliveries whose lease had ended (the work went to someone again)
         self._replies: dict[int, object] = {}  # answers to settles that wait (req -> REPLY data)
+        self._asking: set[int] = set()  # requests whose ERROR is their waiter's to raise (``_ask``)
         self.generation = 0
         self.closed = False
         self.heartbeat_ms = 1000  # until WELCOME says
@@ -281,6 +283,32 @@ class Worker(MessageStream):
         results.update(results_by_bookmark(self._replies.pop(req), bookmarks))  # type: ignore[arg-type]
         return count_verdicts(self, results)
 
+    def _generation(self) -> int:
+        return self.generation
+
+    def _ask(self, make: Any, timeout: float) -> Any:
+        """Send a request (after the settles made before it) and wait for its REPLY; an
+        ERROR raises, a lost session raises ``SessionLost``."""
+        gen = self.generation
+        self._flush()
+        req = next(self._reqs)
+        self._asking.add(req)
+        try:
+            self._send(make(req))
+            deadline = time.monotonic() + timeout
+            while req not in self._replies:
+                if self.generation != gen:
+                    raise SessionLost("the session ended before the answer")
+                if time.monotonic() >= deadline:
+                    raise ConnectionLost(f"no answer from {self.endpoint} within {timeout}s")
+                self._pump(deadline)
+        finally:
+            self._asking.discard(req)
+        answer = self._replies.pop(req)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
     def _start(self, msg: Message) -> bool:
         if msg._generation != self.generation:
             return False  # its session is gone, and its lease with it
@@ -418,6 +446,9 @@ class Worker(MessageStream):
             if session_answer(msg, self._endpoints) == "reset":  # a standby's not-leader, or the session ended
                 return "reset"
             code, text, req = msg.code, msg.message, msg.req  # type: ignore[attr-defined]
+            if req and req in self._asking:
+                self._replies[req] = error_from(code, text)
+                return None
             if req and req == self._subscribe_req:
                 raise error_from(code, text)
             log.error("dispatcher error: %s: %s", code, text)

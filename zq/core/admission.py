@@ -71,14 +71,7 @@ class Admission:
         due = not_before_ms if not_before_ms > self.host.now_ms else 0
         topic = self.routes.resolve_topic(topic)
         check_topic(topic)
-        max_bytes = min(max_message_bytes, limits.MESSAGE_BYTES_MAX)
-        for payload, headers, msg_id in items:
-            if len(payload) > max_bytes:
-                raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_bytes}")
-            if headers:
-                check_headers(headers)
-            if msg_id is not None and len(msg_id) > limits.HEADER_BYTES_MAX:
-                raise LimitError(f"message id longer than {limits.HEADER_BYTES_MAX}")
+        check_items(items, max_message_bytes)
         if deadline_ms:  # journaled with each message: recovery and standbys see it there
             stamp = str(deadline_ms)
             items = [(payload, {**headers, deadlines.HEADER: stamp}, msg_id) for payload, headers, msg_id in items]
@@ -95,9 +88,57 @@ class Admission:
                 return out
         return self.publish_fresh(topic, items, queues, now_ms, due, deadline_ms)
 
+    def check(self, outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]], now_ms: int,
+              max_message_bytes: int = limits.MESSAGE_BYTES_MAX) -> None:
+        """Would ``publish_many`` take each of these batches, one after the other? Raises
+        what it would raise (sizes, headers, names, a ``reject`` queue's room, a group
+        ceiling), journaling and enqueueing nothing: a transaction
+        (``zq.core.transactions``) checks all its outputs before any of it happens. A
+        queue several batches reach is judged on all they bring it together; only
+        messages the dedup window would not absorb count, as ``publish_many`` counts
+        them. (A topic no queue covers would get a fresh queue of the defaults, which
+        takes anything: it is not created here.)"""
+        reaching: dict[str, tuple[Queue, list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]]] = {}
+        made: set[str] = set()
+        for topic, items in outputs:
+            topic = self.routes.resolve_topic(topic)
+            check_topic(topic)
+            check_items(items, max_message_bytes)
+            queues = self.routes.route(topic)
+            if not queues and topic in self.host.queues:
+                self.routes.route_or_create(topic)  # a queue's reserved name: raises what the publish would
+            if not queues and self.routes.auto_queues:
+                made.add(topic)
+                if len(self.host.queues) + len(made) > limits.QUEUES_MAX:
+                    raise LimitError(f"too many queues (max {limits.QUEUES_MAX})")
+            if any(msg_id is not None for _, _, msg_id in items):
+                known = self.seen_ids(topic, items, queues, now_ms, count=False)
+                items = [it for i, it in enumerate(items) if i not in known]
+            for q in queues:
+                reaching.setdefault(q.name, (q, []))[1].append((topic, items))
+        for q, parts in reaching.values():
+            self.check_queue(q, parts)
+
+    def check_queue(self, q: Queue, parts: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> dict[str, bool]:
+        """A ``reject`` queue's room and a grouped queue's ceiling for what ``parts``
+        ([(topic, items)]) bring it; returns, for its group header, whether any item
+        names a group."""
+        named: dict[str, bool] = {}  # group header -> does any item carry it?
+        if q.overflow.limited and q.settings.overflow == "reject":
+            self.check_room(q, parts)
+        if q.grouped:
+            header = q.settings.group_header
+            names = {h[header] for _, items in parts for _, h, _ in items if header in h}  # type: ignore[index]
+            named[header] = bool(names)  # type: ignore[index]
+            fresh = [n for n in names if n not in q.gid_of]
+            if len(q.groups) + len(fresh) > q.settings.max_groups:
+                raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
+        return named
+
     def seen_ids(self, topic: str, items: list[tuple[bytes, dict[str, str], str | None]], queues: list[Queue],
-                 now_ms: int) -> dict[int, int]:
-        """Items whose message id was published to ``topic`` within the dedup window."""
+                 now_ms: int, count: bool = True) -> dict[int, int]:
+        """Items whose message id was published to ``topic`` within the dedup window
+        (``count``: counted as duplicates; a check only looks)."""
         window = max((q.settings.dedup_window_ms for q in queues), default=DEDUP_WINDOW_MS_DEFAULT)
         if not window:
             return {}
@@ -117,7 +158,8 @@ class Admission:
             else:
                 batch[msg_id] = i
         if known:
-            self.duplicates += len(known)
+            if count:
+                self.duplicates += len(known)
             # Repeats inside the batch get the bookmark their first occurrence will get.
             order = [i for i in range(len(items)) if i not in known]
             first = self.host.next_seq
@@ -130,15 +172,8 @@ class Admission:
                       now_ms: int, due: int = 0, deadline: int = 0) -> list[int]:
         named: dict[str, bool] = {}  # group header -> does any item carry it?
         for q in queues:
-            if q.overflow.limited and q.settings.overflow == "reject":
-                self.check_room(q, topic, items)
-            if q.grouped:
-                header = q.settings.group_header
-                names = {h[header] for _, h, _ in items if header in h}  # type: ignore[index]
-                named[header] = bool(names)  # type: ignore[index]
-                fresh = [n for n in names if n not in q.gid_of]
-                if len(q.groups) + len(fresh) > q.settings.max_groups:
-                    raise LimitError(f"queue {q.name!r} reached max_groups={q.settings.max_groups}")
+            if q.grouped or q.overflow.limited:
+                named.update(self.check_queue(q, [(topic, items)]))
         first = self.host.next_seq
         self.host.next_seq += len(items)
         self.times.note(now_ms, first)
@@ -211,9 +246,10 @@ class Admission:
         if key is not None:
             q.last_values.admit(seq, key)
 
-    def check_room(self, q: Queue, topic: str, items: list[tuple[bytes, dict[str, str], str | None]]) -> None:
-        """overflow = "reject": refuse the whole batch before anything is journaled."""
-        entering = [p for p, h, _ in items if q.filter is None or q.filter(h, p, topic)]
+    def check_room(self, q: Queue, parts: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> None:
+        """overflow = "reject": refuse the whole batch (``parts``: [(topic, items)]) before
+        anything is journaled."""
+        entering = [p for topic, items in parts for p, h, _ in items if q.filter is None or q.filter(h, p, topic)]
         if entering and q.overflow.would_overflow(len(entering), sum(map(len, entering))):
             q.overflow.rejected += len(entering)
             if not q.overflow.blocked:
@@ -294,6 +330,18 @@ class Admission:
         confirmation waits until they are not (the adapter holds it)."""
         queues = self.routes.route(self.routes.resolve_topic(topic))
         return [q.name for q in queues if q.overflow.blocked and q.settings.overflow == "flow-control"]
+
+
+def check_items(items: list[tuple[bytes, dict[str, str], str | None]], max_message_bytes: int) -> None:
+    """Each message's size, headers and id, within the limits."""
+    max_bytes = min(max_message_bytes, limits.MESSAGE_BYTES_MAX)
+    for payload, headers, msg_id in items:
+        if len(payload) > max_bytes:
+            raise LimitError(f"message of {len(payload)} bytes exceeds max_message_size {max_bytes}")
+        if headers:
+            check_headers(headers)
+        if msg_id is not None and len(msg_id) > limits.HEADER_BYTES_MAX:
+            raise LimitError(f"message id longer than {limits.HEADER_BYTES_MAX}")
 
 
 def check_headers(headers: dict[str, str]) -> None:

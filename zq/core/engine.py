@@ -49,7 +49,7 @@ from typing import Any
 
 import msgspec
 
-from zq.core import expr, limits
+from zq.core import expr, limits, transactions
 from zq.core import records as R
 from zq.core.admission import Admission
 from zq.core.errors import (
@@ -418,6 +418,14 @@ class Engine(ManagementMixin, TargetDepthMixin, Host):
         if lost:
             q.lost_settles += len(lost)
         return results
+
+    def transact(self, sub_id: str, op: str, seqs: list[int], epochs: list[int],
+                 outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]], now_ms: int,
+                 max_message_bytes: int = limits.MESSAGE_BYTES_MAX, delay_ms: int = -1,
+                 error: str = "") -> tuple[dict[str, list[int]], list[list[int]]]:
+        """Settle and publish, all or nothing (``zq.core.transactions``)."""
+        return transactions.transact(self, sub_id, op, seqs, epochs, outputs, now_ms, max_message_bytes, delay_ms,
+                                     error)
 
     def release_revoked(self, sub_id: str, seqs: list[int], epochs: list[int], kept: list[int],
                         kept_epochs: list[int], now_ms: int) -> int:

@@ -27,7 +27,15 @@ import msgspec
 from zq import wire
 from zq.core import delaying, limits
 from zq.core.engine import Engine
-from zq.core.errors import JournalError, LimitError, NotEntitledError, NotLeaderError, ProtocolError, ZqError
+from zq.core.errors import (
+    JournalError,
+    LimitError,
+    NotEntitledError,
+    NotLeaderError,
+    ProtocolError,
+    UnknownSubscriptionError,
+    ZqError,
+)
 from zq.core.manage import BulkCursor
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.server import admin
@@ -108,6 +116,7 @@ class Commands:
     internal_errors: int
     cluster: LeaderDuty | None
     snapshots: Snapshots
+    replicate_after_drain: list[tuple[bytes, bytes]]  # answers held for the standbys once the step's records are numbered
 
     if TYPE_CHECKING:  # the loop's methods that handlers use (only declared: the MRO must find the loop's)
         def reply(self, peer_id: bytes, msg: object, durable: bool = False) -> None: ...
@@ -138,6 +147,9 @@ class Commands:
         if kind_name is not None:
             kind, field_name = kind_name
             check_rights(rights, kind, getattr(cmd, field_name) or "*")
+        elif t is wire.Transact:  # it publishes: to each of its outputs' topics (its settle is of its own leases)
+            for topic, _ in cmd.outputs:
+                check_rights(rights, "publish", topic or "*")
 
     # ------------------------------------------------------------ sessions
 
@@ -319,6 +331,40 @@ class Commands:
 
     def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
         self.settle(peer_id, peer, cmd, "extend", now, cmd.ms)
+
+    def on_transact(self, peer_id: bytes, peer: Peer, cmd: wire.Transact, now: int) -> None:
+        """Settle and publish in one commit (``zq.core.transactions``), answered once:
+        REPLY ``{committed: true, ok, published}`` when all of it happened, with the
+        CONFIRM's promise (after the commit, the standbys and flow control as a PUBLISH
+        is confirmed); ``{committed: false, <result>: [...], held}`` when an input was
+        not a live delivery and nothing happened; an ERROR (nothing happened) for a bad
+        output, or one its queue refuses."""
+        if self.journal_down is not None:  # before the engine: nothing happens that cannot be stored
+            raise JournalError(f"{self.journal_down}: nothing settled or published; try again once the journal "
+                               "takes writes")
+        if cmd.sub not in peer.subs:
+            raise UnknownSubscriptionError(f"no subscription {cmd.sub!r} on this connection")
+        self.confirmations.check_room(peer_id)
+        if peer.key is not None and any(not self.engine.route(topic) and topic not in self.engine.queues
+                                        for topic, _ in cmd.outputs):
+            self.quotas.check_new_queue(peer)  # (an output would create a queue)
+        refused, published = self.engine.transact(sub_key(peer, cmd.sub), cmd.op, cmd.bookmarks, cmd.epochs,
+                                                  cmd.outputs, now, self.config.max_message_bytes, cmd.delay_ms,
+                                                  cmd.error)
+        if refused:
+            gone = {seq for seqs in refused.values() for seq in seqs}
+            self.reply(peer_id, wire.Reply(cmd.req, {"committed": False, **refused,
+                                                     "held": [seq for seq in cmd.bookmarks if seq not in gone]}))
+            return
+        peer.published += sum(map(len, published))
+        answer = wire.Reply(cmd.req, {"committed": True, "ok": cmd.bookmarks, "published": published})
+        full = sorted({name for topic, _ in cmd.outputs for name in self.engine.withheld(topic)})
+        if full:  # flow-control: the answer waits until those queues drain, as a CONFIRM does
+            self.confirmations.hold_flow(peer_id, wire.encode(answer), full)
+        elif self.config.replicas_ack or self.cluster is not None and self.cluster.handing_over:
+            self.replicate_after_drain.append((peer_id, wire.encode(answer)))  # (the settle's events: numbered at the drain)
+        else:
+            self.reply(peer_id, answer, durable=True)
 
     def on_release(self, peer_id: bytes, peer: Peer, cmd: wire.Release, now: int) -> None:
         """A reclaimable subscription gives back what it had not started of a REVOKE.
@@ -505,6 +551,7 @@ HANDLERS: dict[type, Handler] = {
     wire.Expire: Commands.on_expire,
     wire.Extend: Commands.on_extend,
     wire.Release: Commands.on_release,
+    wire.Transact: Commands.on_transact,
     wire.Unsubscribe: Commands.on_unsubscribe,
     wire.Bye: Commands.on_bye,
     wire.Stats: Commands.on_stats,

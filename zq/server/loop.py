@@ -73,7 +73,7 @@ _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): 
 NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
                    "the client reconnects by itself")
 NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
-SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend})
+SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend, wire.Transact})
 SETTLE_QUIET_MAX = 1024  # bookmarks in a settle without ``req`` that a peer over its unread limit may still send
 STRANGER_ANSWERS_MAX = 64  # answers to a connection with no session (a client re-says HELLO at its first)
 STRANGER_TEXT_MAX = 200  # characters of an ERROR's text to a connection with no session
@@ -170,6 +170,7 @@ class Server(Commands, Stats):
         self.replayer = Replayer(self.journal, lambda: self.engine, per_peer_max=config.max_replays_per_connection,
                                  total_max=config.max_replays)
         self.snapshots = Snapshots(self.journal)  # whole-journal copies for standbys left behind
+        self.replicate_after_drain: list[tuple[bytes, bytes]] = []
         self.ranges = RangeReader(self.journal, self.ctx, self.queue_covers, requests_max=config.max_range_requests)
         self.poller.register(self.ranges.loop_side, zmq.POLLIN)
         if self.security is not None:
@@ -401,6 +402,10 @@ class Server(Commands, Stats):
     def stage(self, out) -> None:  # type: ignore[no-untyped-def]
         """Append what the engine produced; hold the replies and deliveries for the commit."""
         self.journal.append(out.records)
+        if self.replicate_after_drain:  # transactions' answers: every record of the step below next_seq
+            for peer_id, frame in self.replicate_after_drain:
+                self.confirmations.hold_replicated(peer_id, frame, self.engine.next_seq)
+            self.replicate_after_drain = []
         # Only fsync mode asks whether a commit must reach the disk before sending.
         self.urgent_pending |= self.config.durability == "fsync" and self.is_urgent(out.records)
         # Revokes follow the deliveries they name (never overtake one still waiting on a commit).

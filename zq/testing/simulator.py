@@ -33,6 +33,7 @@ from zq.core.queue import Queue
 from zq.core.errors import QueueFullError, ZqError
 from zq.core.settings import QueueSettings
 from zq.core.explain import explain
+from zq.core.transactions import derived_id
 from zq.core.expr import compile_filter
 from zq.journal.base import recover_engine
 from zq.journal.memory_journal import MemoryJournal
@@ -203,7 +204,8 @@ class Simulator:
         self.reclaim_checks = 0  # steps where an idle subscriber was checked not to starve beside unstarted work
         self.fair = any(q.tenant_header for q in self.options.queues)
         self.journal = MemoryJournal()
-        self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from)
+        self.engine = Engine(self.options.queues, content=self.journal.get_message, scan=self.journal.messages_from,
+                             find_id=self.journal.find_id)
         self.engine.visit_all = visit_all
         if dispatch_budget:
             self.engine.dispatch_budget = dispatch_budget
@@ -227,6 +229,15 @@ class Simulator:
         self.last_holder: dict[tuple[str, int], str] = {}
         self.moved_on = 0  # redeliveries after an expiry or failure that went to someone else
         self.held_back: dict[str, int] = {}  # sub id -> credit withheld during this step's drain
+        # Transactions (settle and publish in one commit): its own stream, so the other draws
+        # stay as they were. ``tx_step``: this step's applied ones, checked at its commit;
+        # ``tx_ids``: every derived output id journaled so far (each at most once).
+        self.tx_rng = random.Random(seed * 7919 + 5)
+        self.p_tx = self.tx_rng.choice([0.0, 0.3, 0.7])
+        self.tx_step: list[tuple[list[tuple[str, str]], list[tuple[str, int]]]] = []
+        self.tx_ids: set[tuple[str, str]] = set()  # (topic, id)
+        self.transactions = 0  # applied
+        self.tx_refused = 0  # not applied: an input no longer live, or an output refused
 
     # ------------------------------------------------------------- running
 
@@ -276,6 +287,7 @@ class Simulator:
 
     def commit(self, out: Output) -> None:
         self.journal.commit(self.now_ms)
+        self.check_transactions(out)
         for rec in out.records:
             self.trace.update(repr(rec).encode())
             if type(rec) is not R.RecoveryPoint:
@@ -332,6 +344,68 @@ class Simulator:
             if due and not 0 <= q.scheduled_ms <= min(due):
                 raise InvariantError(f"queue {q.name!r}: its next deadline {min(due)} is not in the engine's heap "
                                      f"(scheduled: {q.scheduled_ms})")
+
+    def check_transactions(self, out: Output) -> None:
+        """Settle and publish are one commit: every transaction applied this step has
+        all its outputs and its settle in the step's records (an output the dedup window
+        absorbed: journaled before), and no derived output id is ever journaled twice
+        (a redelivered input's outputs, published again, are absorbed)."""
+        settled = {(r.queue, seq) for r in out.records if type(r) is R.Event and r.kind in (R.ACKED, R.CANCELLED)
+                   for seq in r.bookmarks}
+        for r in out.records:
+            if type(r) is R.Message and r.msg_id is not None and r.msg_id.count(":") == 2:
+                if (r.topic, r.msg_id) in self.tx_ids:
+                    raise InvariantError(f"output {r.msg_id} on {r.topic} journaled twice (again at {r.seq})")
+                self.tx_ids.add((r.topic, r.msg_id))
+        for ids, inputs in self.tx_step:
+            missing = [i for i in ids if i not in self.tx_ids]
+            unsettled = [x for x in inputs if x not in settled]
+            if missing or unsettled:
+                raise InvariantError(f"a transaction committed in part: outputs {missing} or settles {unsettled} "
+                                     "missing from its commit")
+        self.tx_step = []
+
+    def transact(self, w: Worker, op: str, chosen: list[tuple[int, int]], delay_ms: int, error: str) -> None:
+        """Settle and publish in one commit, as a pipeline stage does: 1-3 outputs to the
+        simulation's topics (consumed in turn). Applied exactly when every input is the
+        live delivery and the outputs are taken; otherwise nothing of it happens."""
+        q = self.engine.queues[w.queue]
+        sub = self.engine.subs[w.sub_id]
+        by_seq: dict[int, int] = {}
+        for seq, epoch in chosen:
+            by_seq[seq] = max(epoch, by_seq.get(seq, 0))
+        seqs = sorted(by_seq)
+        epochs = [by_seq[seq] for seq in seqs]
+        live = all((lease := q.lease_of.get(seq)) is not None and lease.sub is sub and q.deliveries_of(seq) == by_seq[seq]
+                   for seq in seqs)
+        rng = random.Random(f"{q.name}:{seqs[0]}")  # a stage's outputs follow from its input: again, the same
+        outputs = [(rng.choice(self.options.topics), [(b"x", {"color": rng.choice(COLORS)}, None)
+                                                      for _ in range(rng.randint(1, 2))]) for _ in range(rng.randint(1, 2))]
+        ids, index = [], 0
+        for topic, items in outputs:
+            for _ in items:
+                ids.append((self.engine.routes.resolve_topic(topic), derived_id(q.name, seqs[0], index)))
+                index += 1
+        records_before = len(self.engine.records)
+        try:
+            refused, published = self.engine.transact(w.sub_id, op, seqs, epochs, outputs, self.now_ms,
+                                                      delay_ms=delay_ms, error=error)
+        except ZqError:  # an output refused (a full reject queue): nothing happened
+            refused, published = {"refused": seqs}, []
+            if not live:
+                raise InvariantError(f"{w.sub_id} tx on {seqs}: inputs not live, yet the outputs were judged first")
+        if refused:
+            self.tx_refused += 1
+            if live and "refused" not in refused:
+                raise InvariantError(f"{w.sub_id} tx on live deliveries {seqs} refused: {refused}")
+            fresh = [r for r in self.engine.records[records_before:] if type(r) is R.Message]
+            if fresh or published:
+                raise InvariantError(f"{w.sub_id} tx refused ({refused}) yet published {fresh or published}")
+            return
+        if not live:
+            raise InvariantError(f"{w.sub_id} tx applied on {seqs}, not all live deliveries")
+        self.transactions += 1
+        self.tx_step.append((ids, [(q.name, seq) for seq in seqs]))
 
     def check_reclaimed(self, out: Output) -> None:
         """Reclaiming: the engine takes back exactly what a holder gave back unstarted (so
@@ -489,8 +563,10 @@ class Simulator:
         self.crashes += 1
         if lose_step:
             self.journal.crash()
+            self.tx_step = []  # lost whole, with everything else of the step
         else:
             self.journal.commit(self.now_ms)
+            self.check_transactions(out)
             self.oracle.committed(self.engine, out.records)
         self.engine = recover_engine(self.journal, self.options.queues)
         self.engine.visit_all = self.visit_all
@@ -579,7 +655,12 @@ class Simulator:
             return  # slow worker: holds on (its leases may expire, and its settles go stale)
         delay_ms = rng.choice([-1, -1, 0, 60]) if op == "cancel" else -1  # -1: the queue's schedule
         error = rng.choice(["", "", "boom"]) if op == "cancel" else ""  # a failure, or a plain nack
-        self.settle_fenced(w, op, sorted(chosen), extra_ms, delay_ms, error)
+        q = self.engine.queues[w.queue]
+        if (faults and op in ("ack", "cancel") and self.p_tx and not q.browse and not q.settings.allow_ack_unleased
+                and self.tx_rng.random() < self.p_tx):
+            self.transact(w, op, sorted(chosen), delay_ms, error)
+        else:
+            self.settle_fenced(w, op, sorted(chosen), extra_ms, delay_ms, error)
         if op != "extend":  # applied or refused, the worker lets go
             w.held = [h for h in w.held if h not in set(chosen)]
 
@@ -713,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     except InvariantError as exc:
         print(f"FAILED at step {sim.step_no}: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: steps={sim.step_no} crashes={sim.crashes} deliveries={sim.oracle.deliveries} trace={sim.digest()[:16]}")
+    print(f"ok: steps={sim.step_no} crashes={sim.crashes} deliveries={sim.oracle.deliveries} "
+          f"transactions={sim.transactions} (refused {sim.tx_refused}) trace={sim.digest()[:16]}")
     return 0
 
 

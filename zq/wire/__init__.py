@@ -93,6 +93,23 @@ class Extend(_Cmd, tag="extend"):
     req: int = 0
 
 
+class Transact(_Cmd, tag="tx"):
+    """Settle and publish in one commit (``zq.core.transactions``): ack (or cancel)
+    ``bookmarks``, delivered to ``sub`` with ``epochs`` (required: a transaction is
+    fenced), and publish ``outputs`` ([topic, [[payload, headers, msg_id]]] each; an
+    output without msg_id gets one derived from the input), all or nothing. Answered by
+    one REPLY after the commit."""
+
+    req: int
+    sub: str
+    op: str  # "ack" or "cancel"
+    bookmarks: list[int]
+    epochs: list[int]
+    outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]] = []
+    delay_ms: int = -1  # a cancel's: as CANCEL's
+    error: str = ""  # a cancel's: as CANCEL's
+
+
 class Release(_Cmd, tag="release"):
     """The answer to a REVOKE: ``bookmarks`` (delivered with ``epochs``) were not started
     and go back to the queue, no delivery counted; ``kept`` (with ``kept_epochs``) were
@@ -200,7 +217,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim | Replay | Admin | Range | Bounds | Release
+    | QueryCmd | Claim | Replay | Admin | Range | Bounds | Release | Transact
 )
 
 

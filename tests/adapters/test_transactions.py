@@ -1,0 +1,171 @@
+"""Settle and publish in one commit, end to end (real sockets, a real journal): every
+client's one-call form, the fence, a refused output, the wire's bad values, rights, and
+a dispatcher SIGKILLed around a transaction."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import zq
+from zq import wire
+from zq.core.settings import QueueSettings
+from zq.core.transactions import derived_id
+from zq.server.config import Config
+
+from .support import raw_dealer
+from .test_fencing import frames_until
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    queues = [QueueSettings(name="orders", lease_ms=60_000, backoff_ms=[]),
+              QueueSettings(name="small", max_depth=2, overflow="reject")]
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], queues=queues)).start()
+    yield d
+    d.stop()
+
+
+def reply_to(sock, req: int):  # type: ignore[no-untyped-def]
+    while True:
+        reply = frames_until(sock, wire.Reply)
+        if reply.req == req:
+            return reply
+
+
+def drain(c: zq.Client, queue: str, n: int) -> list[zq.Message]:
+    with c.subscribe(queue, max_backlog=max(n, 1)) as sub:
+        got = [sub.get(5) for _ in range(n)]
+        assert all(m is not None for m in got), f"{queue}: fewer than {n}"
+        assert sub.get(0.2) is None, f"{queue}: more than {n}"
+        sub.ack_many(got, wait=True)
+    return got
+
+
+def test_an_ack_with_outputs_commits_both_from_a_subscription(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        order = c.publish("orders", b"o1")
+        with c.subscribe("orders") as sub:
+            msg = sub.get(5)
+            verdict = msg.ack(publish=[("invoices", b"inv", {"order": "1"}), ("shipments", "ship")])
+            assert verdict == "ok" and len(verdict.bookmarks) == 2
+        [inv] = drain(c, "invoices", 1)
+        [ship] = drain(c, "shipments", 1)
+        assert (inv.data, inv.headers["order"], ship.data) == (b"inv", "1", b"ship")
+        assert inv.msg_id == derived_id("orders", order, 0) and ship.msg_id == derived_id("orders", order, 1)
+        assert [inv.bookmark, ship.bookmark] == verdict.bookmarks
+        assert c.stats()["queues"]["orders"]["acked"] == 1
+        assert c.explain("orders", order)["state"] == "not-in-queue"
+
+
+def test_a_worker_commits_and_a_late_delivery_publishes_nothing(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish("orders", b"o1")
+    with zq.Worker(dispatcher.endpoint, "orders") as w:
+        msg = w.get(5)
+        tx = w.commit([msg], [("invoices", b"inv")])
+        assert tx.committed and tx.verdicts == {msg.bookmark: "ok"} and len(tx.bookmarks) == 1
+        again = msg.ack(publish=[("invoices", b"second")])  # the same delivery, settled already
+        assert again == "done" and again.bookmarks == []
+    with zq.connect(dispatcher.endpoint) as c:
+        assert [m.data for m in drain(c, "invoices", 1)] == [b"inv"]
+
+
+def test_a_stale_epoch_publishes_nothing_and_says_lost(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        order = c.publish("orders", b"o1")
+    d = raw_dealer(dispatcher.endpoint)
+    try:
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+        frames_until(d, wire.DeliverRecords)
+        d.send(wire.encode(wire.Transact(2, "s", "ack", [order], [7], [("invoices", [(b"x", {}, None)])])))
+        answer = reply_to(d, 2)
+        assert answer.data == {"committed": False, "lost": [order], "held": []}
+        d.send(wire.encode(wire.Transact(3, "s", "ack", [order, 10**9], [1, 1], [("invoices", [(b"x", {}, None)])])))
+        answer = reply_to(d, 3)
+        assert answer.data == {"committed": False, "unknown": [10**9], "held": [order]}
+    finally:
+        d.close(0)
+    with zq.connect(dispatcher.endpoint) as c:
+        assert "invoices" not in c.stats()["queues"] or c.stats()["queues"]["invoices"]["published"] == 0
+
+
+def test_an_output_its_queue_refuses_leaves_the_input_held_and_nothing_published(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish("orders", b"o1")
+        c.publish_many("small", [b"a", b"b"])
+        with c.subscribe("orders") as sub:
+            msg = sub.get(5)
+            with pytest.raises(zq.ZqError) as refused:
+                msg.ack(publish=[("invoices", b"inv"), ("small", b"c")])
+            assert refused.value.code == "queue-full"
+            with pytest.raises(TypeError):
+                msg.ack(publish=[("invoices", 5)])
+            with pytest.raises(TypeError):
+                msg.ack(publish="invoices")
+            with pytest.raises(zq.ZqError) as reserved:
+                msg.ack(publish=[("invoices", b"x", {"zq.reason": "forged"})])
+            assert reserved.value.code == "protocol"
+            assert msg.ack(publish=[("invoices", b"inv")]) == "ok"  # still this consumer's to settle
+        assert [m.data for m in drain(c, "invoices", 1)] == [b"inv"]
+
+
+def test_a_cancel_with_outputs_puts_the_input_back(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish("orders", b"o1")
+        with c.subscribe("orders") as sub:
+            msg = sub.get(5)
+            assert msg.cancel(error="no stock", publish=[("alerts", b"no stock for o1")]) == "ok"
+            again = sub.get(5)
+            assert again.bookmark == msg.bookmark and again.deliveries == 2
+            again.ack()
+        assert [m.data for m in drain(c, "alerts", 1)] == [b"no stock for o1"]
+        assert c.stats()["queues"]["orders"]["failed"] == 1
+
+
+def test_asyncio_commits(dispatcher):
+    async def run() -> list:
+        async with zq.aio.connect(dispatcher.endpoint) as c:
+            await c.publish("orders", b"o1")
+            async with c.subscribe("orders") as sub:
+                msg = await sub.get(5)
+                tx = await sub.commit([msg], [("invoices", b"from asyncio")])
+                return [tx.committed, tx.verdicts[msg.bookmark]]
+    assert asyncio.run(run()) == [True, "ok"]
+    with zq.connect(dispatcher.endpoint) as c:
+        assert [m.data for m in drain(c, "invoices", 1)] == [b"from asyncio"]
+
+
+@pytest.mark.parametrize("frame", [
+    ["tx", 9, "s", "ack", [1], [1], [["t", [[b"x", {}, None, 5]]]]],
+    ["tx", 9, "s", "ack", [1], [1], [[5, [[b"x", {}, None]]]]],
+    ["tx", 9, "s", "ack", [2**64 - 1], [1], [["t", [[b"x", {}, None]]]]],  # never given out: not committed
+    ["tx", 9, "s", "ack", [1], "epochs"],
+    ["tx", 9, "s", "expire", [1], [1]],
+    ["tx", 9, "s", "ack", [1], []],
+    ["tx", 9, "s", "cancel", [1], [1], [], -5],
+    ["tx", 9, "nope", "ack", [1], [1]],
+])
+def test_bad_transactions_on_the_wire_get_an_error_and_the_dispatcher_goes_on(dispatcher, frame):
+    import msgspec
+    d = raw_dealer(dispatcher.endpoint)
+    try:
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+        frames_until(d, wire.Subscribed)
+        d.send(msgspec.msgpack.encode(frame))
+        while True:
+            answer = wire.server_decoder.decode(d.recv())
+            if type(answer) is wire.Error or type(answer) is wire.Reply and answer.req == 9:
+                break
+        assert (answer.code in ("protocol", "unknown-subscription") if type(answer) is wire.Error
+                else answer.data == {"committed": False, "unknown": [2**64 - 1], "held": []})
+    finally:
+        d.close(0)
+    with zq.connect(dispatcher.endpoint) as c:
+        assert "t" not in c.stats()["queues"]  # nothing of a refused transaction was published
+        c.publish("orders", b"still serving")
+        with c.subscribe("orders") as sub:
+            assert sub.get(5).ack(publish=[("out", b"x")]) == "ok"
