@@ -169,3 +169,47 @@ def test_bad_transactions_on_the_wire_get_an_error_and_the_dispatcher_goes_on(di
         c.publish("orders", b"still serving")
         with c.subscribe("orders") as sub:
             assert sub.get(5).ack(publish=[("out", b"x")]) == "ok"
+
+
+def test_with_replicas_ack_the_answer_waits_until_the_standbys_hold_the_settle_too(tmp_path):
+    """The REPLY of a transaction is a confirmation: with ``replicas_ack`` it leaves once
+    the standbys hold every record of its step (its outputs and its settle), not only
+    its outputs, so a failover after the answer never loses the settle."""
+    import secrets
+
+    from .support import frames_for, raw_session, wait_until
+
+    secret = secrets.token_hex(16)
+    cfg = Config.from_dict({"cluster": {"replicas_ack": 1, "standby_secret": secret}})
+    cfg.data, cfg.bind = str(tmp_path / "d"), ["tcp://127.0.0.1:0"]
+    d = zq.Dispatcher(cfg).start()
+    standby = raw_session(d.endpoint, "standby", RCVTIMEO=5000)
+    worker = raw_session(d.endpoint, "worker", RCVTIMEO=5000)
+
+    def report(position: int) -> int:
+        standby.send(wire.encode(wire.Bounds(1, position=position, proof=secret)))
+        return reply_to(standby, 1).data["next_seq"]
+
+    try:
+        worker.send(wire.encode(wire.Publish(1, "orders", [(b"o1", {}, None)])))
+        assert worker.poll(300) == 0  # held: no standby has it
+        end = report(10**9)  # (kept no further than the journal's end)
+        order = frames_until(worker, wire.Confirm).bookmarks[0]
+        worker.send(wire.encode(wire.Subscribe(2, "s", "orders", 1)))
+        frames_until(worker, wire.DeliverRecords)
+        worker.send(wire.encode(wire.Transact(3, "s", "ack", [order], [1], [("invoices", [(b"inv", {}, None)])])))
+        with zq.connect(d.inproc) as c:
+            wait_until(lambda: c.stats()["server"]["replication"]["held_confirmations"] == 1, what="the answer held")
+        end = report(-1)  # (-1: no position, only the journal's end: the transaction's step is committed)
+        report(end - 1)  # every record but the step's last
+        assert [f for f in frames_for(worker, 0.3) if type(f) is wire.Reply] == []
+        report(end)
+        answer = reply_to(worker, 3)
+        assert answer.data["committed"] and answer.data["ok"] == [order]
+        with zq.connect(d.inproc) as c:
+            history = c.explain("orders", order)["history"]
+            assert max(e["bookmark"] for e in history if e["kind"] == "acked") < end
+    finally:
+        standby.close(0)
+        worker.close(0)
+        d.stop()

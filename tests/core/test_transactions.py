@@ -186,3 +186,35 @@ def test_a_browse_only_queue_has_nothing_to_settle_in_a_transaction():
     h.drain()
     with pytest.raises(ProtocolError):
         h.engine.transact("w", "ack", [seq], [1], [], h.now)
+
+
+def test_a_copy_of_the_journal_cut_between_the_outputs_and_the_settle_recovers_to_exactly_once():
+    """A standby copies the journal in windows that may end inside a transaction's
+    records; the outputs come first, so a promoted copy holds either all of it or the
+    outputs without the settle. Then the input goes again, and the stage's same outputs
+    (same derived ids) are absorbed: each output stored once, the input settled once."""
+    from zq.journal.base import recover_engine
+    from zq.journal.memory_journal import MemoryJournal
+
+    h = Harness(orders())
+    [order] = taken(h)
+    outputs = [("invoices", [(b"inv", {}, None)]), ("shipments", [(b"ship", {}, None)])]
+    refused, published = h.engine.transact("w", "ack", [order], [1], outputs, h.now)
+    h.drain()
+    [acked] = h.events(R.ACKED)
+    copy = MemoryJournal()
+    copy.append([r for r in h.records if getattr(r, "seq", -1) < acked.seq])  # the window ends before the settle
+    copy.commit(h.now)
+    promoted = Harness(orders())
+    promoted.engine = recover_engine(copy, [orders()])
+    promoted.journaled.update({seq: m for seq, m in h.journaled.items() if seq < acked.seq})
+    promoted.sub("w2", "orders", 1)
+    assert promoted.drain() == {"w2": [order]}  # the input goes again: its settle was not in the copy
+    assert promoted.engine.queues["invoices"].depth == 1  # its outputs were
+    promoted.records = []
+    again, republished = promoted.engine.transact("w2", "ack", [order], [2], outputs, promoted.now)
+    promoted.drain()
+    assert again == {} and republished == published  # absorbed: the first ones answer
+    assert [r for r in promoted.records if type(r) is R.Message] == []
+    assert [e.bookmarks for e in promoted.events(R.ACKED)] == [[order]]
+    assert promoted.engine.queues["invoices"].depth == 1 and promoted.engine.queues["shipments"].depth == 1
