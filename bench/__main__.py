@@ -13,7 +13,9 @@ thousands of unused queues cost a step and the latency of the queue in use), bui
 core against the interpreted one), engine-vs (``--ref REV``: that git revision's engine
 against this tree's, interleaved: what a change cost), reclaim (short jobs behind a long
 one with prefetch, plain and reclaimable, interleaved), replication (the standard
-workload with replicas_ack = 1 and a `zq standby` against 0, interleaved),
+workload with replicas_ack = 1 and a `zq standby` against 0, interleaved), transactions
+(a pipeline stage: one output per input, as a plain ack, publish-then-ack, one commit
+per batch, one per message not waited for, and one per message waited for),
 cluster-replication (the same on an elected cluster of two nodes and a ZooKeeper), failover (an
 elected cluster of three with a real ZooKeeper: the leader SIGKILLed again and again,
 the time to the first delivery by the new leader), faults (a long seeded run of leader
@@ -36,7 +38,7 @@ RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cit
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "idle-queues", "build", "engine-vs", "reclaim",
-             "replication", "cluster-replication", "failover", "faults", "abuse")
+             "replication", "cluster-replication", "failover", "faults", "abuse", "transactions")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -170,6 +172,16 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
             e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
             e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
             e2e.embedded_latency(secs), e2e.embedded_latency(secs, clients="direct")] + redis_latency(secs)
+    if scenario == "transactions":
+        # A pipeline stage's cost: the standard workload, one output per input, settled as a
+        # plain ack (no output), publish-then-ack, one commit per batch, one per message;
+        # ``--repeat`` interleaves the rounds.
+        n = 3_000 if quick else 100_000
+        rows = [e2e.throughput(n, consumer=c) for c in ("worker", "worker-publish-then-ack", "worker-tx",
+                                                         "worker-tx-pipelined", "worker-tx-each")]
+        for row in rows[1:]:
+            row["of_plain_ack"] = round(row["e2e_msgs_per_s"] / rows[0]["e2e_msgs_per_s"], 3)
+        return rows
     if scenario == "idle-queues":
         from bench import queues
 

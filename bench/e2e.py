@@ -405,7 +405,13 @@ CONSUMERS = {
     "worker": "zq.Worker, batches (get_many / ack_many)",
     "client": "zq.Client, one at a time (get / ack)",
     "client-batches": "zq.Client, batches (get_many / ack_many)",
+    # A pipeline stage: one output per input (docs/protocol.md §7.9), to topic OUT.
+    "worker-publish-then-ack": "zq.Worker + zq.Publisher, batches (publish_many the outputs, then ack_many)",
+    "worker-tx": "zq.Worker, batches in one commit (commit(messages, outputs))",
+    "worker-tx-each": "zq.Worker, one commit per message, each waited for (msg.ack(publish=...))",
+    "worker-tx-pipelined": "zq.Worker, one commit per message, not waited for (msg.ack(publish=..., wait=False))",
 }
+OUT = "bench.out"  # where a pipeline stage's outputs go (a queue nobody consumes)
 
 
 def worker(endpoint: str, backlog: int, out: str, consumer: str = "worker") -> None:
@@ -419,10 +425,32 @@ def worker(endpoint: str, backlog: int, out: str, consumer: str = "worker") -> N
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     count, last_ack, latencies = 0, 0, []
     name = f"bench-worker-{os.getpid()}"
-    if consumer == "worker":
+    publisher = None
+    if consumer.startswith("worker"):
         sub = Worker(endpoint, QUEUE, max_backlog=backlog, name=name)
         client = None
         take, settle = (lambda: sub.get_many(backlog, timeout=0.1)), sub.ack_many
+        if consumer == "worker-publish-then-ack":
+            from zq.client.publisher import Publisher
+
+            publisher = Publisher(endpoint)
+
+            def settle(ms: list) -> None:  # type: ignore[misc]
+                publisher.publish_many(OUT, [m.data for m in ms])  # type: ignore[union-attr]
+                sub.ack_many(ms)
+        elif consumer == "worker-tx":
+            def settle(ms: list) -> None:  # type: ignore[misc]
+                if not sub.commit(ms, [(OUT, m.data) for m in ms]).committed:
+                    raise RuntimeError("a transaction was not committed")
+        elif consumer == "worker-tx-pipelined":
+            def settle(ms: list) -> None:  # type: ignore[misc]
+                for m in ms:
+                    m.ack(publish=[(OUT, m.data)], wait=False)
+        elif consumer == "worker-tx-each":
+            def settle(ms: list) -> None:  # type: ignore[misc]
+                for m in ms:
+                    if m.ack(publish=[(OUT, m.data)]) != "ok":
+                        raise RuntimeError("a transaction was not committed")
     else:
         client = Client(endpoint, name=name)
         sub = client.subscribe(QUEUE, max_backlog=backlog)
@@ -448,6 +476,8 @@ def worker(endpoint: str, backlog: int, out: str, consumer: str = "worker") -> N
         sub.close()
         if client is not None:
             client.close()
+        if publisher is not None:
+            publisher.close()
     Path(out).write_text(json.dumps({"count": count, "last_ack_ns": last_ack, "latencies_us": latencies}))
 
 

@@ -213,3 +213,60 @@ def test_with_replicas_ack_the_answer_waits_until_the_standbys_hold_the_settle_t
         standby.close(0)
         worker.close(0)
         d.stop()
+
+
+def test_transactions_not_waited_for_leave_together_and_each_is_all_or_nothing(dispatcher):
+    """``wait=False``: a worker's transactions go out together at its next flush (one TXS
+    frame), each applied or not on its own; verdicts are counted as batched acks' are."""
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish_many("orders", [b"o1", b"o2", b"o3", b"o4"])
+    with zq.Worker(dispatcher.endpoint, "orders", max_backlog=4) as w:
+        msgs = w.get_many(4, timeout=5)
+        assert len(msgs) == 4
+        assert msgs[0].ack(publish=[("invoices", b"i1")], wait=False) is zq.client.messages.QUEUED
+        msgs[1].ack(publish=[("small", b"x"), ("small", b"y"), ("small", b"z")], wait=False)  # over max_depth 2: refused
+        msgs[2].ack(publish=[("invoices", b"i3")], wait=False)
+        w.commit([msgs[3]], [("invoices", b"i4")], wait=False)
+        w.heartbeat()  # flushes
+        with zq.connect(dispatcher.endpoint) as c:
+            from .support import wait_until
+            wait_until(lambda: c.stats()["queues"]["orders"]["acked"] == 3, what="three committed")
+
+            def refused_counted() -> bool:
+                w.heartbeat()  # (reads what has come: the TXS frame's answer)
+                return w.refused == 1
+
+            wait_until(refused_counted, what="the refused one counted")
+            assert sorted(m.data for m in drain(c, "invoices", 3)) == [b"i1", b"i3", b"i4"]
+            assert c.stats()["queues"]["small"]["depth"] == 0
+            assert c.explain("orders", msgs[1].bookmark)["state"] == "leased"  # nothing happened to it
+
+
+def test_a_subscription_s_transactions_not_waited_for(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish_many("orders", [b"o1", b"o2"])
+        with c.subscribe("orders", max_backlog=2) as sub:
+            a, b = sub.get(5), sub.get(5)
+            a.ack(publish=[("invoices", b"a")], wait=False)
+            sub.commit([b], [("invoices", b"b")], wait=False)
+            from .support import wait_until
+            wait_until(lambda: c.stats()["queues"]["orders"]["acked"] == 2, what="both committed")
+        assert sorted(m.data for m in drain(c, "invoices", 2)) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("txs", [
+    [["ack", [1], [1], [], -1, ""]] * 4097,
+    [["ack", list(range(1, 40000)), [1] * 39999, [], -1, ""], ["ack", list(range(40000, 70000)), [1] * 30000, [], -1, ""]],
+    [["ack", [1], [1], [["t", [[b"x", {}, None]] * 3000]], -1, ""], ["ack", [2], [1], [["t", [[b"x", {}, None]] * 3000]], -1, ""]],
+])
+def test_a_txs_frame_over_its_limits_is_refused_whole(dispatcher, txs):
+    import msgspec
+    d = raw_dealer(dispatcher.endpoint)
+    try:
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+        frames_until(d, wire.Subscribed)
+        d.send(msgspec.msgpack.encode(["txs", 9, "s", txs]))
+        assert frames_until(d, wire.Error).code == "limit"
+    finally:
+        d.close(0)

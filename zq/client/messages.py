@@ -193,10 +193,12 @@ class Transaction(NamedTuple):
 
 
 def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable[tuple], op: str,
-                    delay: float | None, error: str | BaseException | None, timeout: float) -> Transaction:
+                    delay: float | None, error: str | BaseException | None, timeout: float,
+                    wait: bool = True) -> Transaction | None:
     """``commit`` of a Subscription or a Worker (``owner``, whose ``_ask`` sends a request
     and waits for its REPLY): settle ``messages`` by ``op`` and publish ``publish`` in one
-    commit, fenced by each delivery's count."""
+    commit, fenced by each delivery's count. ``wait=False``: sent, not waited for (the
+    verdicts are counted as batched acks' are when the answer comes; None returned)."""
     if op not in ("ack", "cancel"):
         raise ValueError(f"a transaction settles with ack or cancel, not {op!r}")
     if op != "cancel" and (delay is not None or error is not None):
@@ -215,9 +217,13 @@ def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable
         return Transaction(False, verdicts, [])
     bookmarks = [m.bookmark for m in messages]
     epochs = [m.deliveries for m in messages]
+    if not wait:
+        owner._commit_later((op, bookmarks, epochs, outputs, delay_ms, text),
+                            lambda answer: tx_answered(owner, answer, bookmarks, epochs))
+        return None
+    make = lambda req: wire.Transact(req, owner.sub_id, op, bookmarks, epochs, outputs, delay_ms, text)  # noqa: E731
     try:
-        answer = owner._ask(lambda req: wire.Transact(req, owner.sub_id, op, bookmarks, epochs, outputs, delay_ms, text),
-                            timeout)
+        answer = owner._ask(make, timeout)
     except SessionLost:  # committed or not, the leases ended with the session: the message goes again if not
         return Transaction(False, count_verdicts(owner, dict.fromkeys(bookmarks, "lost")), [])
     committed, verdicts, published = tx_outcome(answer, bookmarks)
@@ -225,6 +231,23 @@ def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable
         owner.unstarted.settled(zip(bookmarks, epochs))
     count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
     return Transaction(committed, verdicts, published)
+
+
+def tx_answered(owner: Any, answer: Any, bookmarks: list[int], epochs: list[int]) -> None:
+    """The answer to a transaction nobody waited for: counted as a batched ack's verdicts
+    are (``refused``, ``lost``); an error (nothing happened: the messages stay leased until
+    their leases end, then go again) is logged."""
+    if isinstance(answer, SessionLost):
+        count_verdicts(owner, dict.fromkeys(bookmarks, "lost"))
+        return
+    if isinstance(answer, BaseException):
+        owner.refused += len(bookmarks)
+        log.error("a transaction settling %s was refused, nothing of it happened: %s", bookmarks[:8], answer)
+        return
+    committed, verdicts, _ = tx_outcome(answer, bookmarks)
+    if committed and owner.unstarted is not None:
+        owner.unstarted.settled(zip(bookmarks, epochs))
+    count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
 
 
 class Message:
@@ -249,7 +272,7 @@ class Message:
         header = getattr(self._sub, "group_header", "group")
         return self.headers.get(header) if header else None
 
-    def ack(self, *, wait: bool = False, publish: Iterable[tuple] | None = None) -> Any:
+    def ack(self, *, wait: bool | None = None, publish: Iterable[tuple] | None = None) -> Any:
         """Acknowledge. The settle is queued for the wire and this returns at once; with
         ``wait=True`` it waits for the dispatcher's verdict and returns it: ``"ok"``,
         ``"lost"`` (this delivery's lease had ended and the message went, or will go,
@@ -262,16 +285,19 @@ class Message:
         ``publish``: what this message produced, ``[(topic, data[, headers[, msg_id]]),
         ...]``, published in the same commit as the ack: both happen or neither does
         (fenced: if this delivery is no longer live, nothing is published). Waits, and
-        returns a ``Verdict`` (``"ok"`` with the outputs' ``bookmarks``). An output
+        returns a ``Verdict`` (``"ok"`` with the outputs' ``bookmarks``); a bad output
+        raises (``ZqError``), and nothing happened. With ``wait=False`` it is sent and
+        not waited for (many in flight: the dispatcher commits them together): the
+        verdict is counted as a batched ack's, an error logged. Either way an output
         without a ``msg_id`` gets one derived from this message (its queue, bookmark
         and the output's place), so if this message is processed again after a lost
         answer or a failover, the same outputs are not stored twice within the dedup
-        window. A bad output raises (``ZqError``), and nothing happened."""
+        window."""
         if publish is not None:
-            return self._commit("ack", publish, None, None)
-        return self._settle("ack", wait)
+            return self._commit("ack", publish, None, None, wait is not False)
+        return self._settle("ack", bool(wait))
 
-    def cancel(self, *, wait: bool = False, delay: float | None = None, error: str | BaseException | None = None,
+    def cancel(self, *, wait: bool | None = None, delay: float | None = None, error: str | BaseException | None = None,
                publish: Iterable[tuple] | None = None) -> Any:
         """Give the message back: it goes again after its queue's retry schedule
         (``backoff``; at once without one), or after ``delay`` seconds when given (0: at
@@ -280,13 +306,13 @@ class Message:
         error. A cancel with a delay or an error is sent at once and returns the verdict.
         ``publish``: outputs published in the same commit as the cancel (see ``ack``)."""
         if publish is not None:
-            return self._commit("cancel", publish, delay, error)
+            return self._commit("cancel", publish, delay, error, wait is not False)
         options = cancel_options(delay, error)
         if options is not None:
             if not self.deliveries:
                 return "ok"
             return self._sub._settle_wait("cancel", [self], delay_ms=options[0], error=options[1])[self.bookmark]
-        return self._settle("cancel", wait)
+        return self._settle("cancel", bool(wait))
 
     def expire(self, *, wait: bool = False) -> Any:
         return self._settle("expire", wait)
@@ -300,9 +326,9 @@ class Message:
         return self._sub._start(self)  # type: ignore[no-any-return]
 
     def _commit(self, op: str, publish: Iterable[tuple], delay: float | None,
-                error: str | BaseException | None) -> Verdict:
-        tx = self._sub.commit([self], publish, op=op, delay=delay, error=error)
-        return Verdict(tx.verdicts[self.bookmark], tx.bookmarks)
+                error: str | BaseException | None, wait: bool) -> Any:
+        tx = self._sub.commit([self], publish, op=op, delay=delay, error=error, wait=wait)
+        return QUEUED if tx is None else Verdict(tx.verdicts[self.bookmark], tx.bookmarks)
 
     def _settle(self, op: str, wait: bool) -> Any:
         if not self.deliveries:  # 0: nothing to settle (a replayed or barrier message holds no lease)
@@ -328,12 +354,13 @@ class MessageStream:
 
     def commit(self, messages: Iterable[Message], publish: Iterable[tuple] = (), *, op: str = "ack",
                delay: float | None = None, error: str | BaseException | None = None,
-               timeout: float = 30.0) -> Transaction:
+               timeout: float = 30.0, wait: bool = True) -> Transaction | None:
         """Settle ``messages`` (``op``: ``ack`` or ``cancel``, with a cancel's ``delay``
         and ``error``) and publish ``publish`` (``[(topic, data[, headers[, msg_id]])]``)
         in one commit: all of it happens, or none of it (``Message.ack(publish=...)`` is
-        the one-message form; its docstring says what is guaranteed)."""
-        return commit_messages(self, messages, publish, op, delay, error, timeout)
+        the one-message form; its docstring says what is guaranteed). ``wait=False``:
+        sent and not waited for (None; the verdicts counted as batched acks' are)."""
+        return commit_messages(self, messages, publish, op, delay, error, timeout, wait)
 
     def get(self, timeout: float | None = None) -> Message | None:
         raise NotImplementedError
@@ -495,6 +522,22 @@ class Subscription(MessageStream):
         """Send a request (after the settles made before it) and wait for its REPLY; an
         ERROR raises, a lost session raises ``SessionLost``."""
         return self.client._request(make, timeout=timeout)
+
+    def _commit_later(self, tx: tuple, answered: Callable[[Any], None]) -> None:
+        """A transaction not waited for: sent now (``answered`` gets its answer on the
+        client's I/O thread)."""
+        self._ask_later(lambda req: wire.Transact(req, self.sub_id, *tx), answered)
+
+    def _ask_later(self, make: Callable[[int], object], answered: Callable[[Any], None]) -> None:
+        """Send a request and go on; ``answered`` gets its REPLY's data or the error (on
+        the client's I/O thread)."""
+        fut = self.client._request(make, wait=False)
+
+        def done(f: Any) -> None:
+            exc = f.exception()
+            answered(exc if exc is not None else f.result())
+
+        fut.add_done_callback(done)
 
     def _settle(self, op: str, msg: Message) -> None:
         """Queue a settle; wake the I/O thread only when it may have to act: on the first

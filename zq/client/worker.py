@@ -127,6 +127,8 @@ class Worker(MessageStream):
         self.lost = 0  # of them: deliveries whose lease had ended (the work went to someone again)
         self._replies: dict[int, object] = {}  # answers to settles that wait (req -> REPLY data)
         self._asking: set[int] = set()  # requests whose ERROR is their waiter's to raise (``_ask``)
+        self._later: dict[int, Any] = {}  # requests not waited for: req -> what to do with the answer (``_ask_later``)
+        self._txs: list[tuple[tuple, Any]] = []  # transactions not waited for, to send at the next flush
         self.generation = 0
         self.closed = False
         self.heartbeat_ms = 1000  # until WELCOME says
@@ -218,6 +220,9 @@ class Worker(MessageStream):
         closing(sock)
         try:
             self._send_settles(sock)
+            if self._txs:  # transactions not waited for go before the BYE (their answers are not read)
+                sock.send(wire.encode(wire.TransactMany(next(self._reqs), self.sub_id, [tx for tx, _ in self._txs])))
+                self._txs.clear()
             sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
         except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
             pass
@@ -332,6 +337,13 @@ class Worker(MessageStream):
             self.unstarted.reset()
         self._settles.clear()
         self._replies.clear()
+        gone = SessionLost("the session ended before the answer")
+        for answered in self._later.values():  # transactions sent, not answered: their leases ended with the session
+            answered(gone)
+        self._later.clear()
+        for _, answered in self._txs:  # ... and those not sent yet
+            answered(gone)
+        self._txs.clear()
         self.backlog = 0
         self._subscribe_req = next(self._reqs)
         sock.send(wire.encode(wire.Subscribe(self._subscribe_req, self.sub_id, self.queue, self.max_backlog, self.filter,
@@ -348,13 +360,40 @@ class Worker(MessageStream):
         self._last_sent = time.monotonic()
 
     def _flush(self) -> None:
-        if self._settles and self._sock is not None:
+        if (self._settles or self._txs) and self._sock is not None:
             try:
-                self._send_settles(self._sock)
+                if self._settles:
+                    self._send_settles(self._sock)
+                if self._txs:
+                    self._send_txs()
             except zmq.Again:
                 self._lost("it took no frame for a while")
                 return
             self._last_sent = time.monotonic()
+
+    def _commit_later(self, tx: tuple, answered: Any) -> None:
+        """A transaction not waited for: it waits, as settles do, for the next flush (the
+        worker about to wait, or half its backlog to settle), and leaves in one TXS frame
+        with the others (each still all or nothing on its own)."""
+        self._txs.append((tx, answered))
+        if (len(self._txs) + len(self._settles)) * 2 >= max(self.backlog, 1):
+            self._flush()
+
+    def _send_txs(self) -> None:
+        txs, self._txs = self._txs, []
+        callbacks = [answered for _, answered in txs]
+
+        def answered(answer: Any) -> None:
+            if isinstance(answer, BaseException):
+                for each in callbacks:
+                    each(answer)
+                return
+            for each, result in zip(callbacks, answer.get("results", ())):
+                each(error_from(result["error"], result.get("message", "")) if "error" in result else result)
+
+        req = next(self._reqs)
+        self._later[req] = answered
+        self._send(wire.TransactMany(req, self.sub_id, [tx for tx, _ in txs]))
 
     def _lost(self, why: str) -> None:
         """The session is over (``session_lost``, or a send that timed out): a new one,
@@ -441,13 +480,20 @@ class Worker(MessageStream):
             if msg.reason == "lost":  # type: ignore[attr-defined]
                 self.lost += len(msg.bookmarks)  # type: ignore[attr-defined]
         elif t is wire.Reply:
-            self._replies[msg.req] = msg.data  # type: ignore[attr-defined]
+            later = self._later.pop(msg.req, None)  # type: ignore[attr-defined]
+            if later is not None:
+                later(msg.data)  # type: ignore[attr-defined]
+            else:
+                self._replies[msg.req] = msg.data  # type: ignore[attr-defined]
         elif t is wire.Error:
             if session_answer(msg, self._endpoints) == "reset":  # a standby's not-leader, or the session ended
                 return "reset"
             code, text, req = msg.code, msg.message, msg.req  # type: ignore[attr-defined]
             if req and req in self._asking:
                 self._replies[req] = error_from(code, text)
+                return None
+            if req and req in self._later:
+                self._later.pop(req)(error_from(code, text))
                 return None
             if req and req == self._subscribe_req:
                 raise error_from(code, text)

@@ -18,7 +18,7 @@ import collections
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +150,10 @@ class Commands:
         elif t is wire.Transact:  # it publishes: to each of its outputs' topics (its settle is of its own leases)
             for topic, _ in cmd.outputs:
                 check_rights(rights, "publish", topic or "*")
+        elif t is wire.TransactMany:
+            for tx in cmd.txs:
+                for topic, _ in tx[3]:
+                    check_rights(rights, "publish", topic or "*")
 
     # ------------------------------------------------------------ sessions
 
@@ -332,6 +336,56 @@ class Commands:
     def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
         self.settle(peer_id, peer, cmd, "extend", now, cmd.ms)
 
+    def on_transact_many(self, peer_id: bytes, peer: Peer, cmd: wire.TransactMany, now: int) -> None:
+        """Independent transactions of one subscription in one frame, each all or nothing
+        (``on_transact``), answered by one REPLY ``{results}`` with each one's answer, held
+        as a CONFIRM is while any of them published."""
+        if self.journal_down is not None:
+            raise JournalError(f"{self.journal_down}: nothing settled or published; try again once the journal "
+                               "takes writes")
+        if cmd.sub not in peer.subs:
+            raise UnknownSubscriptionError(f"no subscription {cmd.sub!r} on this connection")
+        if len(cmd.txs) > limits.PUBLISH_BATCH_MAX:
+            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} transactions in one frame")
+        if sum(len(tx[1]) for tx in cmd.txs) > limits.ACK_BATCH_MAX:
+            raise LimitError(f"at most {limits.ACK_BATCH_MAX} bookmarks in one frame")
+        if sum(len(items) for tx in cmd.txs for _, items in tx[3]) > limits.PUBLISH_BATCH_MAX:
+            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages published by one frame")
+        self.confirmations.check_room(peer_id)
+        key = sub_key(peer, cmd.sub)
+        results: list[dict] = []
+        reached: set[str] = set()
+        for op, bookmarks, epochs, outputs, delay_ms, error in cmd.txs:
+            try:
+                if peer.key is not None and any(not self.engine.route(topic) and topic not in self.engine.queues
+                                                for topic, _ in outputs):
+                    self.quotas.check_new_queue(peer)
+                refused, published = self.engine.transact(key, op, bookmarks, epochs, outputs, now,
+                                                          self.config.max_message_bytes, delay_ms, error)
+            except ZqError as exc:
+                results.append({"error": exc.code, "message": str(exc)[:1024]})
+                continue
+            if refused:
+                gone = {seq for seqs in refused.values() for seq in seqs}
+                results.append({"committed": False, **refused, "held": [seq for seq in bookmarks if seq not in gone]})
+                continue
+            peer.published += sum(map(len, published))
+            reached.update(topic for topic, _ in outputs)
+            results.append({"committed": True, "ok": bookmarks, "published": published})
+        self.answer_committed(peer_id, wire.Reply(cmd.req, {"results": results}), reached)
+
+    def answer_committed(self, peer_id: bytes, answer: wire.Reply, topics: Iterable[str]) -> None:
+        """A transaction's answer promises what a CONFIRM does: after the commit, the
+        standbys (``replicas_ack``: every record of the step, its settle too) and the
+        flow-controlled queues its outputs reached."""
+        full = sorted({name for topic in topics for name in self.engine.withheld(topic)})
+        if full:  # flow-control: the answer waits until those queues drain, as a CONFIRM does
+            self.confirmations.hold_flow(peer_id, wire.encode(answer), full)
+        elif self.config.replicas_ack or self.cluster is not None and self.cluster.handing_over:
+            self.replicate_after_drain.append((peer_id, wire.encode(answer)))  # (the settle's events: numbered at the drain)
+        else:
+            self.reply(peer_id, answer, durable=True)
+
     def on_transact(self, peer_id: bytes, peer: Peer, cmd: wire.Transact, now: int) -> None:
         """Settle and publish in one commit (``zq.core.transactions``), answered once:
         REPLY ``{committed: true, ok, published}`` when all of it happened, with the
@@ -357,14 +411,9 @@ class Commands:
                                                      "held": [seq for seq in cmd.bookmarks if seq not in gone]}))
             return
         peer.published += sum(map(len, published))
-        answer = wire.Reply(cmd.req, {"committed": True, "ok": cmd.bookmarks, "published": published})
-        full = sorted({name for topic, _ in cmd.outputs for name in self.engine.withheld(topic)})
-        if full:  # flow-control: the answer waits until those queues drain, as a CONFIRM does
-            self.confirmations.hold_flow(peer_id, wire.encode(answer), full)
-        elif self.config.replicas_ack or self.cluster is not None and self.cluster.handing_over:
-            self.replicate_after_drain.append((peer_id, wire.encode(answer)))  # (the settle's events: numbered at the drain)
-        else:
-            self.reply(peer_id, answer, durable=True)
+        self.answer_committed(peer_id, wire.Reply(cmd.req, {"committed": True, "ok": cmd.bookmarks,
+                                                            "published": published}),
+                              (topic for topic, _ in cmd.outputs))
 
     def on_release(self, peer_id: bytes, peer: Peer, cmd: wire.Release, now: int) -> None:
         """A reclaimable subscription gives back what it had not started of a REVOKE.
@@ -552,6 +601,7 @@ HANDLERS: dict[type, Handler] = {
     wire.Extend: Commands.on_extend,
     wire.Release: Commands.on_release,
     wire.Transact: Commands.on_transact,
+    wire.TransactMany: Commands.on_transact_many,
     wire.Unsubscribe: Commands.on_unsubscribe,
     wire.Bye: Commands.on_bye,
     wire.Stats: Commands.on_stats,

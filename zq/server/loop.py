@@ -73,7 +73,8 @@ _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): 
 NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
                    "the client reconnects by itself")
 NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
-SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend, wire.Transact})
+SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend, wire.Transact,
+                                      wire.TransactMany})
 SETTLE_QUIET_MAX = 1024  # bookmarks in a settle without ``req`` that a peer over its unread limit may still send
 STRANGER_ANSWERS_MAX = 64  # answers to a connection with no session (a client re-says HELLO at its first)
 STRANGER_TEXT_MAX = 200  # characters of an ERROR's text to a connection with no session
@@ -647,7 +648,7 @@ class Server(Commands, Stats):
         started = time.perf_counter()
         try:
             if peer is not None and not trusted and (type(cmd) in PULL_COMMANDS or (
-                    type(cmd) in SETTLES and (cmd.req or len(cmd.bookmarks) > SETTLE_QUIET_MAX))):  # type: ignore[attr-defined]
+                    type(cmd) in SETTLES and (cmd.req or len(getattr(cmd, "bookmarks", ())) > SETTLE_QUIET_MAX))):  # type: ignore[attr-defined]
                 self.check_unread(peer)  # (a settle's answer can echo every bookmark: 590 KB for 65,536)
             if secured:
                 if type(cmd) is wire.Hello and not self.security.allowed(user):  # type: ignore[union-attr]

@@ -110,6 +110,17 @@ class Transact(_Cmd, tag="tx"):
     error: str = ""  # a cancel's: as CANCEL's
 
 
+class TransactMany(_Cmd, tag="txs"):
+    """Several independent transactions of one subscription in one frame (what a worker
+    sends without waiting, together): each ``[op, bookmarks, epochs, outputs, delay_ms,
+    error]`` as TX's fields, all or nothing on its own. One REPLY ``{results: [...]}``
+    gives each one's answer in order (TX's, or ``{error, message}``)."""
+
+    req: int
+    sub: str
+    txs: list[tuple[str, list[int], list[int], list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]], int, str]]
+
+
 class Release(_Cmd, tag="release"):
     """The answer to a REVOKE: ``bookmarks`` (delivered with ``epochs``) were not started
     and go back to the queue, no delivery counted; ``kept`` (with ``kept_epochs``) were
@@ -217,7 +228,7 @@ class QueryCmd(_Cmd, tag="query"):
 
 ClientCommand = (
     Hello | Publish | Subscribe | Unsubscribe | Ack | Cancel | Expire | Extend | Heartbeat | Bye | Stats | Peek | Queues
-    | QueryCmd | Claim | Replay | Admin | Range | Bounds | Release | Transact
+    | QueryCmd | Claim | Replay | Admin | Range | Bounds | Release | Transact | TransactMany
 )
 
 
