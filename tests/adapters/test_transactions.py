@@ -110,6 +110,8 @@ def test_an_output_its_queue_refuses_leaves_the_input_held_and_nothing_published
             assert reserved.value.code == "protocol"
             assert msg.ack(publish=[("invoices", b"inv")]) == "ok"  # still this consumer's to settle
         assert [m.data for m in drain(c, "invoices", 1)] == [b"inv"]
+        st = c.stats()["queues"]["orders"]
+        assert (st["transactions"], st["transactions_refused"]) == (1, 2)  # (the TypeErrors never left the client)
 
 
 def test_a_cancel_with_outputs_puts_the_input_back(dispatcher):

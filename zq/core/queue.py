@@ -205,6 +205,8 @@ class Queue:
         self.published = self.delivered = self.acked = self.cancelled = 0
         self.expired = self.dead_lettered = self.redelivered = 0
         self.lost_settles = 0  # fenced settles not applied: their delivery was no longer live
+        self.transactions = 0  # settle-and-publish transactions of this queue's deliveries: committed
+        self.transactions_refused = 0  # ... not applied (an input not live; an output refused)
         # Poison (``entering.judge``): messages whose content the queue could not evaluate, set aside.
         self.poisoned = 0
         self.poison_errors: dict[int, str] = {}  # this step's: seq -> why (its event and dead letter carry it)

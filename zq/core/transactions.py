@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zq.core import limits, settling
-from zq.core.errors import LimitError, ProtocolError
+from zq.core.errors import LimitError, ProtocolError, ZqError
 from zq.core.leases import D_MASK
 
 if TYPE_CHECKING:
@@ -117,13 +117,19 @@ def transact(engine: Engine, sub_id: str, op: str, seqs: list[int], epochs: list
         lost = refused.get("lost")
         if lost:
             q.lost_settles += len(lost)
+        q.transactions_refused += 1
         return refused, []
     named = with_ids(q.name, seqs[0], outputs)
     admission = engine.admission
-    admission.check(named, now_ms, max_message_bytes)
+    try:
+        admission.check(named, now_ms, max_message_bytes)
+    except ZqError:
+        q.transactions_refused += 1
+        raise
     bookmarks = [admission.publish_many(topic, items, now_ms, max_message_bytes) if items else []
                  for topic, items in named]
     late = engine.settle(op, sub_id, seqs, epochs, now_ms, 0, delay_ms, error)
     if late:  # cannot be: the same state was checked above (a bug, answered as one)
         raise AssertionError(f"a transaction's inputs were live, then not: {late}")
+    q.transactions += 1
     return {}, bookmarks

@@ -71,6 +71,8 @@ class Views:
             "dead_lettered": q.dead_lettered,
             "redelivered": q.redelivered,
             "lost": q.lost_settles,
+            "transactions": q.transactions,
+            "transactions_refused": q.transactions_refused,
             "delayed": len(q.delays.due) + len(q.target.due),
             "retries_delayed": q.retries_delayed,
             "renewed": q.renewed,
