@@ -249,17 +249,17 @@ def test_publish_to_puts_each_command_s_stdout_lines_in_the_ack_s_commit(server,
     the dispatcher refuses fails the message, with why, and publishes nothing."""
     first, second, third = publish(server, "stage", "a b", "fail", "huge")
     command = ('read -r words; case "$words" in fail) echo partial; exit 3;; '
-               'huge) head -c 20000000 /dev/zero | tr "\\0" x; echo;; *) for w in $words; do echo "$w"; done;; esac')
+               'huge) head -c 20000000 /dev/zero | tr "\\0" x; echo;; *) for w in $words; do echo "$w"; done; printf "c\\r\\n";; esac')
     zq = Consume(server, "stage", command, "--publish-to", "stage.out", "--limit", "3", "--timeout", "5")
     consumers.append(zq)
     assert zq.wait(60) == 0, zq.stderr
     assert "the command's stdout is over 16,777,216 bytes: not published" in zq.stderr
     with Client(server.endpoint) as c:
         with c.subscribe("stage.out", max_backlog=10) as out:
-            got = [out.get(5) for _ in range(2)]
+            got = [out.get(5) for _ in range(3)]
             assert out.get(0.3) is None, "published more than the successful command's lines"
-            assert [m.data for m in got] == [b"a", b"b"]
-            assert [m.msg_id for m in got] == [f"stage:{first}:0", f"stage:{first}:1"]
+            assert [m.data for m in got] == [b"a", b"b", b"c"]  # (a CRLF ends a line as a LF does)
+            assert [m.msg_id for m in got] == [f"zq:stage:{first}:{i}" for i in range(3)]
             out.ack_many(got, wait=True)
         st = c.stats()["queues"]["stage"]
         assert (st["acked"], st["failed"]) == (1, 2), st

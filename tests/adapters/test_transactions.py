@@ -207,7 +207,7 @@ def test_with_replicas_ack_the_answer_waits_until_the_standbys_hold_the_settle_t
         assert [f for f in frames_for(worker, 0.3) if type(f) is wire.Reply] == []
         report(end)
         answer = reply_to(worker, 3)
-        assert answer.data["committed"] and answer.data["ok"] == [order]
+        assert answer.data["committed"] and len(answer.data["published"][0]) == 1
         with zq.connect(d.inproc) as c:
             history = c.explain("orders", order)["history"]
             assert max(e["bookmark"] for e in history if e["kind"] == "acked") < end
@@ -272,3 +272,218 @@ def test_a_txs_frame_over_its_limits_is_refused_whole(dispatcher, txs):
         assert frames_until(d, wire.Error).code == "limit"
     finally:
         d.close(0)
+
+
+# ------------------------------------------------------- found by an attack (helper 26)
+
+
+def test_a_cancel_s_outputs_never_suppress_the_later_ack_s_real_output(dispatcher):
+    """Cancelled with a notice to T, then acked with its real output to T: two pieces of
+    work, two ids (a cancel's name the delivery it cancels). One id for both had the
+    dedup window drop the real output and answer it committed."""
+    with zq.connect(dispatcher.endpoint) as c:
+        order = c.publish("orders", b"o1")
+        with c.subscribe("orders") as sub:
+            first = sub.get(5)
+            assert first.cancel(delay=0, publish=[("status", b"RETRYING")]) == "ok"
+            again = sub.get(5)
+            done = again.ack(publish=[("status", b"SHIPPED")])
+            assert done == "ok"
+        got = drain(c, "status", 2)
+        assert [m.data for m in got] == [b"RETRYING", b"SHIPPED"]
+        assert [m.msg_id for m in got] == [f"zq:orders:{order}:0:c1", f"zq:orders:{order}:0"]
+        assert done.bookmarks == [got[1].bookmark]
+
+
+def test_ids_in_the_dispatcher_s_namespace_are_refused_from_clients(dispatcher):
+    """A key that may publish to an output topic could publish ``zq:QUEUE:BOOKMARK:0``
+    in advance, and the stage's real output would be dropped as its repeat."""
+    with zq.connect(dispatcher.endpoint) as c:
+        with pytest.raises(zq.ZqError) as forged:
+            c.publish("invoices", b"forged", msg_id="zq:orders:99:0")
+        assert forged.value.code == "protocol" and "dispatcher's" in str(forged.value)
+        c.publish("orders", b"o1")
+        with c.subscribe("orders") as sub:
+            msg = sub.get(5)
+            with pytest.raises(zq.ZqError):  # refused in the client: nothing sent
+                msg.ack(publish=[("invoices", b"x", {}, "zq:mine")])
+            assert msg.ack(publish=[("invoices", b"x", {}, "mine")]) == "ok"
+    d = raw_dealer(dispatcher.endpoint)
+    try:  # and on the wire, for a client that does not check
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Publish(3, "invoices", [(b"x", {}, "zq:orders:99:0")])))
+        assert frames_until(d, wire.Error).code == "protocol"
+    finally:
+        d.close(0)
+
+
+def test_a_frame_may_make_few_queues_and_name_few_topics(dispatcher):
+    """4,096 new topics in one TXS made 4,096 queues in one step: 7 s of a stalled loop
+    (routing scans every queue). A frame names at most 64 topics, 16 of them new."""
+    with zq.connect(dispatcher.endpoint) as c:
+        order = c.publish("orders", b"o1")
+    d = raw_dealer(dispatcher.endpoint)
+    try:
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+        frames_until(d, wire.DeliverRecords)
+        new = [(f"new.{i}", [(b"x", {}, None)]) for i in range(17)]
+        d.send(wire.encode(wire.Transact(2, "s", "ack", [order], [1], new)))
+        error = frames_until(d, wire.Error)
+        assert error.code == "limit" and "16 output topics no queue takes yet" in error.message
+        spread = [(f"orders.{i}", []) for i in range(65)]
+        d.send(wire.encode(wire.TransactMany(3, "s", [("ack", [order], [1], spread[:40], -1, ""),
+                                                      ("ack", [order], [1], spread[40:], -1, "")])))
+        assert frames_until(d, wire.Error).code == "limit"
+        d.send(wire.encode(wire.TransactMany(4, "s", [("ack", [order], [1], [], -1, "")] * 1025)))
+        assert frames_until(d, wire.Error).code == "limit"
+        d.send(wire.encode(wire.Transact(5, "s", "ack", [order], [1], new[:16])))
+        assert reply_to(d, 5).data["committed"]  # 16 new ones may
+    finally:
+        d.close(0)
+
+
+def test_an_error_inside_one_transaction_of_a_txs_frame_answers_that_one_only(dispatcher, monkeypatch):
+    from zq.core import transactions
+
+    real = transactions.transact
+
+    def flaky(engine, sub_id, op, seqs, *args, **kw):  # type: ignore[no-untyped-def]
+        if seqs == [second]:
+            raise RuntimeError("planted")
+        return real(engine, sub_id, op, seqs, *args, **kw)
+
+    monkeypatch.setattr(transactions, "transact", flaky)
+    with zq.connect(dispatcher.endpoint) as c:
+        first, second = c.publish_many("orders", [b"o1", b"o2"])
+    d = raw_dealer(dispatcher.endpoint)
+    try:
+        d.send(wire.encode(wire.Hello(1)))
+        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+        frames_until(d, wire.DeliverRecords)
+        d.send(wire.encode(wire.TransactMany(2, "s", [("ack", [first], [1], [("out", [(b"1", {}, None)])], -1, ""),
+                                                      ("ack", [second], [1], [("out", [(b"2", {}, None)])], -1, "")])))
+        ok, failed = reply_to(d, 2).data["results"]
+        assert ok["committed"] and failed["error"] == "internal"
+    finally:
+        d.close(0)
+    with zq.connect(dispatcher.endpoint) as c:
+        assert c.stats()["server"]["internal_errors"] == 1
+        assert [m.data for m in drain(c, "out", 1)] == [b"1"]
+
+
+def test_a_worker_cuts_its_transactions_into_frames_the_dispatcher_takes():
+    from zq.client.worker import tx_frames
+
+    def tx(n_msgs: int, topic: str = "t", size: int = 1):  # type: ignore[no-untyped-def]
+        return (("ack", [1], [1], [(topic, [(b"x" * size, {}, None)] * n_msgs)], -1, ""), None)
+
+    assert [len(f) for f in tx_frames([tx(1)] * 2500)] == [1024, 1024, 452]
+    assert [len(f) for f in tx_frames([tx(3000), tx(3000), tx(10)])] == [1, 2]
+    assert [len(f) for f in tx_frames([tx(1, f"t{i}") for i in range(130)])] == [64, 64, 2]
+    assert [len(f) for f in tx_frames([tx(1, size=20 << 20)] * 3)] == [1, 1, 1]
+
+
+def test_a_transaction_no_frame_could_carry_is_refused_in_the_client(dispatcher):
+    with zq.connect(dispatcher.endpoint) as c:
+        c.publish("orders", b"o1")
+    with zq.Worker(dispatcher.endpoint, "orders") as w:
+        msg = w.get(5)
+        for outputs in ([("t", b"x")] * 4097, [(f"t{i}", b"x") for i in range(65)], [("t", b"x" * (33 << 20))]):
+            with pytest.raises(zq.ZqError) as refused:
+                msg.ack(publish=outputs, wait=False)
+            assert refused.value.code == "limit"
+        assert msg.ack(publish=[("t", b"x")]) == "ok"  # nothing was sent: still this worker's
+
+
+def test_route_lookups_of_topics_nobody_takes_leave_nothing_behind():
+    from zq.core import Engine
+    from zq.core.routing import ROUTE_CACHE_MAX
+
+    e = Engine([QueueSettings(name="orders")])
+    assert not e.routes.covered("nobody.1") and "nobody.1" not in e.routes.cache
+    for i in range(ROUTE_CACHE_MAX + 10):
+        e.routes.route(f"t.{i}")
+    assert len(e.routes.cache) <= ROUTE_CACHE_MAX
+
+
+def test_with_security_each_transaction_needs_publish_on_its_outputs_and_new_queues_count(tmp_path):
+    """Rights are a key's, checked per transaction (one forbidden output refuses that
+    transaction, not the others sent with it), and the queues a frame's outputs would
+    make count against the key's max_queues before anything happens (one TXS made 640
+    queues past a max_queues of 5)."""
+    import shutil
+
+    import zmq.auth
+
+    from zq.server.security import ClientSection, SecuritySection, check_section
+
+    kdir, allowed = tmp_path / "keys", tmp_path / "allowed"
+    kdir.mkdir()
+    allowed.mkdir()
+    keys = {}
+    for name in ("server", "carol"):
+        pub, sec = zmq.auth.create_certificates(str(kdir), name)
+        keys[name] = (pub, sec)
+        if name != "server":
+            shutil.copy(pub, allowed)
+    rights = {"publish": ["carol.*"], "consume": ["carol.*"], "browse": [], "claim": [], "admin": [], "max_queues": 3}
+    sec = check_section(SecuritySection(secret_key=str(keys["server"][1]), allow=str(allowed),
+                                        client=[ClientSection(key=str(keys["carol"][0]), name="carol", **rights)]),
+                        tmp_path)
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], security=sec)).start()
+    curve = {"key": str(keys["carol"][1]), "server_key": str(keys["server"][0])}
+    try:
+        with zq.connect(d.endpoint, **curve) as c:
+            c.publish_many("carol.orders", [b"o1", b"o2", b"o3"])  # carol's first queue
+        with zq.Worker(d.endpoint, "carol.orders", max_backlog=3, **curve) as w:
+            a, b, e = w.get_many(3, timeout=5)
+            a.ack(publish=[("carol.out", b"a")], wait=False)
+            b.ack(publish=[("bob.out", b"b")], wait=False)  # not carol's to publish to
+            w.heartbeat()
+            with pytest.raises(zq.ZqError) as over:  # 1 made + 3 more > max_queues 3
+                e.ack(publish=[("carol.n1", b"x"), ("carol.n2", b"x"), ("carol.n3", b"x")])
+            assert over.value.code == "limit"
+            assert e.ack(publish=[("carol.out", b"e")]) == "ok"
+
+            def answered() -> bool:
+                w.heartbeat()
+                return w.refused == 1
+
+            from .support import wait_until
+            wait_until(answered, what="the forbidden transaction refused alone")
+        with zq.connect(d.endpoint, **curve) as c:
+            assert sorted(m.data for m in drain(c, "carol.out", 2)) == [b"a", b"e"]
+            assert c.stats()["queues"]["carol.orders"]["acked"] == 2
+    finally:
+        d.stop()
+
+
+def test_an_inproc_connection_to_a_secured_embedded_dispatcher_does_not_end_it(tmp_path):
+    """Reading a ZAP key off an inproc frame raised (there is no ZAP there) and ended the
+    dispatcher's thread: every remote client then found nothing listening."""
+    import shutil
+
+    import zmq.auth
+
+    from zq.server.security import ClientSection, SecuritySection, check_section
+
+    kdir, allowed = tmp_path / "keys", tmp_path / "allowed"
+    kdir.mkdir()
+    allowed.mkdir()
+    pub, secret = zmq.auth.create_certificates(str(kdir), "server")
+    cpub, csecret = zmq.auth.create_certificates(str(kdir), "client")
+    shutil.copy(cpub, allowed)
+    sec = check_section(SecuritySection(secret_key=secret, allow=str(allowed),
+                                        client=[ClientSection(key=cpub, name="client")]), tmp_path)
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=["tcp://127.0.0.1:0"], security=sec)).start()
+    try:
+        raw = raw_dealer(d.inproc)
+        raw.send(wire.encode(wire.Hello(1)))
+        answer = wire.server_decoder.decode(raw.recv())  # refused: no key on inproc, no rights
+        assert type(answer) is wire.Error and answer.code == "not-entitled"
+        raw.close(0)
+        with zq.connect(d.endpoint, key=csecret, server_key=pub) as c:
+            assert c.publish("jobs", b"still serving") > 0
+    finally:
+        d.stop()

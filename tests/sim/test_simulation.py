@@ -124,7 +124,8 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
         monkeypatch.setattr(transactions, "not_live", lambda q, sub, seqs, epochs, next_seq: {})
     elif bug == "tx-ids-not-from-the-input":  # a redelivered input's outputs are stored again
         fresh = iter(range(10**9))
-        monkeypatch.setattr(transactions, "derived_id", lambda queue, bookmark, index: f"{queue}:{bookmark}.{next(fresh)}:{index}")
+        monkeypatch.setattr(transactions, "derived_id",
+                            lambda queue, bookmark, index, cancel_of=0: f"zq:{queue}:{bookmark}.{next(fresh)}:{index}")
     elif bug == "sequenced-group-ignores-inflight":
         monkeypatch.setattr(grouping, "can_go", lambda q, grp: True)
     elif bug == "ordered-queue-ignores-rank":

@@ -129,3 +129,14 @@ records = st.builds(
 @given(st.lists(records, max_size=40))
 def test_any_batch_of_message_records_parses_exactly_as_decoded(rows):
     check(rows)
+
+
+def test_a_copied_row_whose_id_is_a_transaction_s_derived_one_gets_its_own_stable_id():
+    """``zq:`` ids are the dispatcher's (docs/protocol.md §7.9): a Spark copy of a
+    transaction's outputs publishes them under ``spark:zq:...``, the same for a retried task."""
+    from zq.spark.source import WriteOptions, message_of
+
+    opts = WriteOptions({"endpoint": "tcp://127.0.0.1:1", "topic": "copy"}, False)
+    row = {"payload": b"x", "headers": {}, "group": None, "priority": None}
+    assert message_of(opts, row, "zq:orders:5:0")[2] == "spark:zq:orders:5:0"
+    assert message_of(opts, row, "o-1")[2] == "o-1"

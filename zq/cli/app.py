@@ -334,7 +334,8 @@ def consume(
                                      "not yet started, for an idle consumer"),
     publish_to: Optional[str] = typer.Option(None, "--publish-to", metavar="TOPIC", help="with --exec: publish each "
                                              "line the command writes to stdout to TOPIC, in the same commit as the "
-                                             "message's ack (both or neither)"),
+                                             "message's ack (both or neither; at most 4,096 lines and 16 MiB, else "
+                                             "the message fails)"),
 ) -> None:
     """Print messages as JSON lines and ack each; or run --exec per message.
 

@@ -56,6 +56,7 @@ CANNOT_RUN = {126: "found but not executable", 127: "command not found"}  # the 
 TICK_S = 0.1  # the longest the main thread waits before it looks at signals again
 STDERR_TAIL = 2048  # bytes of a command's stderr kept, for the line about a command that cannot run
 OUTPUT_BYTES_MAX = 16 * 1024 * 1024  # --publish-to: a command's stdout kept for publishing (beyond: it fails)
+STDOUT_AFTER_EXIT_S = 10.0  # --publish-to: how long stdout may stay open after the command exits
 NOTHING = "FALSE"  # a filter no message matches: the dispatcher hands this subscription nothing more
 
 
@@ -375,7 +376,8 @@ class ExecRun:
         rc = proc.wait()
         copier.join(0.5)  # (a command's background child may hold stderr open: not waited for)
         if reader is not None:
-            reader.join()  # (its stdout is the work: read to its end)
+            reader.join(STDOUT_AFTER_EXIT_S)  # (its stdout is the work: read to its end ...
+            output.unfinished = reader.is_alive()  # ... unless something it left running holds it open)
         with self.lock:
             del self.running[proc.pid]
             killed = proc.pid in self.killed
@@ -407,12 +409,20 @@ class ExecRun:
         its output is never stored twice. Output zq cannot publish (too much, a line
         over the size limit, a refused topic) fails the message instead, with why."""
         assert self.publish_to is not None
+        if output.unfinished:
+            msg.cancel(error=f"`{self.command[:200]}` exited but its stdout stayed open (a process it left running "
+                             "holds it): its output is not known whole")
+            say(f"bookmark {msg.bookmark}: the command exited, but its stdout was still open {STDOUT_AFTER_EXIT_S:g}s "
+                f"later (a background process holds it): nothing published, cancelled as failed; "
+                f"{failure_note(self.settings, msg.deliveries)}")
+            return
         if output.over:
             msg.cancel(error=f"`{self.command[:200]}` wrote more than {OUTPUT_BYTES_MAX:,} bytes to stdout")
             say(f"bookmark {msg.bookmark}: the command's stdout is over {OUTPUT_BYTES_MAX:,} bytes: not published; "
                 f"cancelled as failed; {failure_note(self.settings, msg.deliveries)}")
             return
-        lines = [line for line in bytes(output.data).split(b"\n") if line]
+        lines = [line.removesuffix(b"\r") for line in bytes(output.data).split(b"\n")]  # (CRLF ends a line too)
+        lines = [line for line in lines if line]
         try:
             verdict = msg.ack(publish=[(self.publish_to, line) for line in lines])
         except ZqError as exc:
@@ -448,6 +458,7 @@ class Captured:
     def __init__(self) -> None:
         self.data = bytearray()
         self.over = False
+        self.unfinished = False  # still open after the command exited (and STDOUT_AFTER_EXIT_S more)
 
     def read(self, src: BinaryIO) -> None:
         while True:

@@ -25,6 +25,7 @@ from zq.client.session import (
     SessionLost,
     bookmark_arg,
     cancel_options,
+    check_tx,
     duration_arg,
     outputs_arg,
     results_by_bookmark,
@@ -208,6 +209,7 @@ def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable
     messages = list(messages)
     if not messages:
         raise ValueError("a transaction settles at least one message")
+    check_tx([m.bookmark for m in messages], outputs)
     if any(not m.deliveries for m in messages):
         raise ValueError("a replayed or browsed message holds no lease to settle in a transaction")
     gen = owner._generation()

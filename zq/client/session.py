@@ -502,6 +502,47 @@ def outputs_arg(publish: object) -> list[tuple[str, list[tuple[bytes, dict[str, 
     return out
 
 
+TX_TOPICS_MAX = 64  # distinct output topics in one TX or TXS frame (the dispatcher's limit)
+TX_BYTES_MAX = 32 * 1024 * 1024  # a TXS frame's payload bytes, about (libzmq closes a connection past 64 MiB)
+TXS_MAX = 1024  # transactions in one TXS frame (the dispatcher's limit)
+
+
+def tx_size(outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> tuple[int, int]:
+    """(messages, bytes about) of a transaction's outputs."""
+    count = size = 0
+    for topic, items in outputs:
+        size += len(topic)
+        for payload, headers, msg_id in items:
+            count += 1
+            size += len(payload) + 16 + (len(msg_id) if msg_id else 0)
+            for k, v in headers.items():
+                size += len(k) + len(v) + 4
+    return count, size
+
+
+def check_tx(bookmarks: list[int], outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> int:
+    """A transaction the dispatcher could never take, refused here (and not retried by a
+    worker forever, nor cutting its session as an oversized frame would); returns its
+    size in bytes, about."""
+    from zq.core import limits
+    from zq.core.errors import LimitError, ProtocolError
+
+    count, size = tx_size(outputs)
+    if count > limits.PUBLISH_BATCH_MAX:
+        raise LimitError(f"a transaction publishes at most {limits.PUBLISH_BATCH_MAX} messages, not {count}")
+    if len({topic for topic, _ in outputs}) > TX_TOPICS_MAX:
+        raise LimitError(f"a transaction publishes to at most {TX_TOPICS_MAX} topics")
+    if len(bookmarks) > limits.ACK_BATCH_MAX:
+        raise LimitError(f"a transaction settles at most {limits.ACK_BATCH_MAX} messages")
+    if size > TX_BYTES_MAX:
+        raise LimitError(f"a transaction of {size:,} bytes is over what one frame carries ({TX_BYTES_MAX:,})")
+    for _, items in outputs:
+        for _, _, msg_id in items:
+            if msg_id is not None and msg_id.startswith("zq:"):
+                raise ProtocolError("message ids starting 'zq:' are the dispatcher's (derived for transactions' outputs)")
+    return size
+
+
 def tx_outcome(answer: dict, bookmarks: list[int]) -> tuple[bool, dict[int, str], list[int]]:
     """A TX's REPLY as (committed, bookmark -> verdict, the outputs' bookmarks in order).
     Not committed: each input not live has its settle's verdict; the others ``held``

@@ -33,7 +33,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -50,6 +50,9 @@ from zq.client.session import (
     ConnectionLost,
     Endpoints,
     Lost,
+    TX_BYTES_MAX,
+    TX_TOPICS_MAX,
+    TXS_MAX,
     RetryLog,
     SessionLost,
     check_target,
@@ -63,13 +66,38 @@ from zq.client.session import (
     session_answer,
     session_lost,
     settle_command,
+    tx_size,
     waiting_on,
     watch,
 )
+from zq.core import limits
 from zq.core.errors import ZqError
 from zq.keys import client_curve
 
 log = logging.getLogger("zq.worker")
+
+def tx_frames(txs: list[tuple[tuple, Any]]) -> Iterator[list[tuple[tuple, Any]]]:
+    """Transactions (each ``((op, bookmarks, epochs, outputs, delay_ms, error), answered)``)
+    cut into TXS frames within the dispatcher's limits: transactions, bookmarks, messages,
+    topics and bytes per frame."""
+    frame: list[tuple[tuple, Any]] = []
+    bookmarks = messages = size = 0
+    topics: set[str] = set()
+    for tx in txs:
+        (_, seqs, _, outputs, _, _), _ = tx
+        count, nbytes = tx_size(outputs)
+        named = {topic for topic, _ in outputs}
+        if frame and (len(frame) >= TXS_MAX or bookmarks + len(seqs) > limits.ACK_BATCH_MAX
+                      or messages + count > limits.PUBLISH_BATCH_MAX or size + nbytes > TX_BYTES_MAX
+                      or len(topics | named) > TX_TOPICS_MAX):
+            yield frame
+            frame, bookmarks, messages, size, topics = [], 0, 0, 0, set()
+        frame.append(tx)
+        bookmarks, messages, size = bookmarks + len(seqs), messages + count, size + nbytes
+        topics |= named
+    if frame:
+        yield frame
+
 
 class Worker(MessageStream):
     """Consume one queue from the calling thread (see module docstring).
@@ -221,8 +249,7 @@ class Worker(MessageStream):
         try:
             self._send_settles(sock)
             if self._txs:  # transactions not waited for go before the BYE (their answers are not read)
-                sock.send(wire.encode(wire.TransactMany(next(self._reqs), self.sub_id, [tx for tx, _ in self._txs])))
-                self._txs.clear()
+                self._send_txs(sock)
             sock.send(wire.encode(wire.Bye()), zmq.NOBLOCK)
         except (zmq.ZMQError, ZqError):  # ZqError: an embedded dispatcher that stopped first
             pass
@@ -365,7 +392,7 @@ class Worker(MessageStream):
                 if self._settles:
                     self._send_settles(self._sock)
                 if self._txs:
-                    self._send_txs()
+                    self._send_txs(self._sock)
             except zmq.Again:
                 self._lost("it took no frame for a while")
                 return
@@ -379,8 +406,19 @@ class Worker(MessageStream):
         if (len(self._txs) + len(self._settles)) * 2 >= max(self.backlog, 1):
             self._flush()
 
-    def _send_txs(self) -> None:
+    def _send_txs(self, sock: zmq.Socket) -> None:
+        """The waiting transactions, in as few TXS frames as the dispatcher's limits allow."""
         txs, self._txs = self._txs, []
+        sent = 0
+        try:
+            for frame in tx_frames(txs):
+                self._send_tx_frame(sock, frame)
+                sent += len(frame)
+        except BaseException:
+            self._txs = txs[sent:] + self._txs  # (the next session answers each of them lost: none forgotten)
+            raise
+
+    def _send_tx_frame(self, sock: zmq.Socket, txs: list[tuple[tuple, Any]]) -> None:
         callbacks = [answered for _, answered in txs]
 
         def answered(answer: Any) -> None:
@@ -393,7 +431,7 @@ class Worker(MessageStream):
 
         req = next(self._reqs)
         self._later[req] = answered
-        self._send(wire.TransactMany(req, self.sub_id, [tx for tx, _ in txs]))
+        sock.send(wire.encode(wire.TransactMany(req, self.sub_id, [tx for tx, _ in txs])))
 
     def _lost(self, why: str) -> None:
         """The session is over (``session_lost``, or a send that timed out): a new one,

@@ -18,6 +18,8 @@ from zq.core import records as R
 from zq.core.errors import ConfigError, ReservedNameError
 from zq.core.settings import QueueSettings, auto_queue, covers_topic
 
+ROUTE_CACHE_MAX = 65_536  # topics whose queues are remembered (then forgotten all at once, and found again)
+
 if TYPE_CHECKING:
     from zq.core.host import Host
     from zq.core.queue import Queue
@@ -36,8 +38,18 @@ class Routes:
         qs = self.cache.get(topic)
         if qs is None:
             qs = [q for q in self.host.queues.values() if q.covers(topic)]
+            if len(self.cache) >= ROUTE_CACHE_MAX:
+                self.cache.clear()  # (topics named and never published to must not grow it for good)
             self.cache[topic] = qs
         return qs
+
+    def covered(self, topic: str) -> bool:
+        """Does any queue take ``topic``? (Not cached when none does: a question about a
+        topic nobody publishes to leaves nothing behind.)"""
+        qs = self.cache.get(topic)
+        if qs is not None:
+            return bool(qs)
+        return any(q.covers(topic) for q in self.host.queues.values())
 
     def route_or_create(self, topic: str, *, dead_letter: bool = True, strict: bool = True) -> list[Queue]:
         """The queues covering ``topic``; with none, an auto-created queue of that name.

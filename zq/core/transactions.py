@@ -15,7 +15,9 @@ events theirs when the step drains, so every output precedes the settle. A copy 
 prefix of the journal (a standby's, ``zq.server.standby``) may hold the outputs without
 the settle, never the settle without its outputs; then the input is delivered again,
 and its outputs, published again under the same derived ids (``derived_id``), are
-absorbed by the dedup window: each output is stored once.
+absorbed by the dedup window: each output is stored once. (A cancel's outputs name the
+delivery they cancel, so that case may store a cancel's outputs twice: a failure
+notice, never work.)
 """
 
 from __future__ import annotations
@@ -36,11 +38,21 @@ OPS = ("ack", "cancel")
 OUTPUTS_MAX = 64  # topics one transaction publishes to (each may carry many messages)
 
 
-def derived_id(queue: str, bookmark: int, index: int) -> str:
+DERIVED_PREFIX = "zq:"  # derived ids' namespace: a client may not give such an id (zq.server.commands)
+
+
+def derived_id(queue: str, bookmark: int, index: int, cancel_of: int = 0) -> str:
     """An output's message id when its producer gave none: the input's queue and
-    bookmark (not its delivery count: a redelivery that produces the same outputs must
-    produce the same ids) and the output's place in the transaction."""
-    return f"{queue}:{bookmark}:{index}"
+    bookmark and the output's place in the transaction. An ack's outputs leave out the
+    delivery count: an input is acked once, and a redelivery after a lost answer (or a
+    standby's copy holding the outputs without the ack) must produce the same ids, to be
+    absorbed. A cancel's (``cancel_of``: the delivery count cancelled) name it: an input
+    may be cancelled with outputs again and again, then acked, and each of those is new
+    work, never a repeat of the last (the same id would have the dedup window drop an
+    ack's real output after a cancel's notice)."""
+    if cancel_of:
+        return f"{DERIVED_PREFIX}{queue}:{bookmark}:{index}:c{cancel_of}"
+    return f"{DERIVED_PREFIX}{queue}:{bookmark}:{index}"
 
 
 def not_live(q: Queue, sub: Subscription, seqs: list[int], epochs: list[int], next_seq: int) -> dict[str, list[int]]:
@@ -59,14 +71,14 @@ def not_live(q: Queue, sub: Subscription, seqs: list[int], epochs: list[int], ne
     return results
 
 
-def with_ids(queue: str, first: int, outputs: list[tuple[str, Items]]) -> list[tuple[str, Items]]:
+def with_ids(queue: str, first: int, outputs: list[tuple[str, Items]], cancel_of: int = 0) -> list[tuple[str, Items]]:
     """Each output without a message id gets its derived one."""
     out: list[tuple[str, Items]] = []
     index = 0
     for topic, items in outputs:
         named: Items = []
         for payload, headers, msg_id in items:
-            named.append((payload, headers, msg_id if msg_id is not None else derived_id(queue, first, index)))
+            named.append((payload, headers, msg_id if msg_id is not None else derived_id(queue, first, index, cancel_of)))
             index += 1
         out.append((topic, named))
     return out
@@ -119,7 +131,7 @@ def transact(engine: Engine, sub_id: str, op: str, seqs: list[int], epochs: list
             q.lost_settles += len(lost)
         q.transactions_refused += 1
         return refused, []
-    named = with_ids(q.name, seqs[0], outputs)
+    named = with_ids(q.name, seqs[0], outputs, epochs[0] if op == "cancel" else 0)
     admission = engine.admission
     try:
         admission.check(named, now_ms, max_message_bytes)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from zq import wire
-from zq.core import delaying, limits
+from zq.core import delaying, limits, transactions
 from zq.core.engine import Engine
 from zq.core.errors import (
     JournalError,
@@ -62,6 +62,22 @@ CLAIM_WAIT_MAX_MS = limits.CLAIM_WAIT_MS_MAX  # longest long poll a claim may as
 BOUNDS_WAIT_MAX_MS = 60_000  # longest a standby's BOUNDS may wait for the journal to grow
 PEEK_BYTES_MAX = 4 * 1024 * 1024  # payload and header bytes in one PEEK answer (then it stops early)
 BOUNDS_WAITING_PER_PEER = 4  # a standby waits with one at a time
+
+TRANSACTIONS_PER_FRAME_MAX = 1024  # in one TXS (each costs the loop up to ~50 us, answered or refused)
+NEW_QUEUES_PER_FRAME_MAX = 16  # output topics no queue takes yet, in one TX or TXS: each would make a queue
+DERIVED_ID_PREFIX = transactions.DERIVED_PREFIX  # message ids the dispatcher gives transactions' outputs
+
+
+def check_output_ids(outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> None:
+    """An id a client gives is never one the dispatcher derives (``zq:...``): one given in
+    advance would have the dedup window drop the stage's real output (and answer it
+    committed), by a key that may only publish to the topic."""
+    for _, items in outputs:
+        for _, _, msg_id in items:
+            if msg_id is not None and msg_id.startswith(DERIVED_ID_PREFIX):
+                raise ProtocolError(f"message ids starting {DERIVED_ID_PREFIX!r} are the dispatcher's (the ids it "
+                                    "derives for transactions' outputs)")
+
 
 # Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.
 ENTITLEMENT_OF: dict[type, tuple[str, str]] = {
@@ -150,10 +166,7 @@ class Commands:
         elif t is wire.Transact:  # it publishes: to each of its outputs' topics (its settle is of its own leases)
             for topic, _ in cmd.outputs:
                 check_rights(rights, "publish", topic or "*")
-        elif t is wire.TransactMany:
-            for tx in cmd.txs:
-                for topic, _ in tx[3]:
-                    check_rights(rights, "publish", topic or "*")
+        # (TXS: each transaction's outputs are checked on their own, in ``on_transact_many``.)
 
     # ------------------------------------------------------------ sessions
 
@@ -194,6 +207,7 @@ class Commands:
             raise JournalError(f"{self.journal_down}: not stored, publishing resumes once the journal takes writes")
         if len(cmd.messages) > limits.PUBLISH_BATCH_MAX:
             raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages per publish frame")
+        check_output_ids([(cmd.topic, cmd.messages)])
         self.confirmations.check_room(peer_id)
         if peer.key is not None and not self.engine.route(cmd.topic) and cmd.topic not in self.engine.queues:
             self.quotas.check_new_queue(peer)  # (this publish would create a queue)
@@ -336,43 +350,93 @@ class Commands:
     def on_extend(self, peer_id: bytes, peer: Peer, cmd: wire.Extend, now: int) -> None:
         self.settle(peer_id, peer, cmd, "extend", now, cmd.ms)
 
+    def on_transact(self, peer_id: bytes, peer: Peer, cmd: wire.Transact, now: int) -> None:
+        """Settle and publish in one commit (``zq.core.transactions``), answered once:
+        REPLY ``{committed: true, published}`` when all of it happened, with the
+        CONFIRM's promise (after the commit, the standbys and flow control as a PUBLISH
+        is confirmed); ``{committed: false, <result>: [...], held}`` when an input was
+        not a live delivery and nothing happened; an ERROR (nothing happened) for a bad
+        output, or one its queue refuses."""
+        self.check_transactions(peer, cmd.sub, [cmd.outputs])
+        check_output_ids(cmd.outputs)
+        answer = self.transact(peer, sub_key(peer, cmd.sub), cmd.op, cmd.bookmarks, cmd.epochs, cmd.outputs, now,
+                               cmd.delay_ms, cmd.error)
+        if answer.get("committed"):
+            self.answer_committed(peer_id, wire.Reply(cmd.req, answer), (topic for topic, _ in cmd.outputs))
+        else:
+            self.reply(peer_id, wire.Reply(cmd.req, answer))
+
     def on_transact_many(self, peer_id: bytes, peer: Peer, cmd: wire.TransactMany, now: int) -> None:
         """Independent transactions of one subscription in one frame, each all or nothing
-        (``on_transact``), answered by one REPLY ``{results}`` with each one's answer, held
-        as a CONFIRM is while any of them published."""
-        if self.journal_down is not None:
-            raise JournalError(f"{self.journal_down}: nothing settled or published; try again once the journal "
-                               "takes writes")
-        if cmd.sub not in peer.subs:
-            raise UnknownSubscriptionError(f"no subscription {cmd.sub!r} on this connection")
-        if len(cmd.txs) > limits.PUBLISH_BATCH_MAX:
-            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} transactions in one frame")
+        (``on_transact``; its rights checked on its own), answered by one REPLY
+        ``{results}`` with each one's answer (``{error, message}`` for one that raised),
+        held as a CONFIRM is while any of them published."""
+        if len(cmd.txs) > TRANSACTIONS_PER_FRAME_MAX:
+            raise LimitError(f"at most {TRANSACTIONS_PER_FRAME_MAX} transactions in one frame")
         if sum(len(tx[1]) for tx in cmd.txs) > limits.ACK_BATCH_MAX:
             raise LimitError(f"at most {limits.ACK_BATCH_MAX} bookmarks in one frame")
-        if sum(len(items) for tx in cmd.txs for _, items in tx[3]) > limits.PUBLISH_BATCH_MAX:
-            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages published by one frame")
-        self.confirmations.check_room(peer_id)
+        self.check_transactions(peer, cmd.sub, [tx[3] for tx in cmd.txs])
         key = sub_key(peer, cmd.sub)
         results: list[dict] = []
         reached: set[str] = set()
         for op, bookmarks, epochs, outputs, delay_ms, error in cmd.txs:
             try:
-                if peer.key is not None and any(not self.engine.route(topic) and topic not in self.engine.queues
-                                                for topic, _ in outputs):
-                    self.quotas.check_new_queue(peer)
-                refused, published = self.engine.transact(key, op, bookmarks, epochs, outputs, now,
-                                                          self.config.max_message_bytes, delay_ms, error)
+                if peer.rights is not None:  # (a remote key's; checked per transaction: one refused is one refused)
+                    for topic, _ in outputs:
+                        check_rights(peer.rights, "publish", topic or "*")
+                check_output_ids(outputs)
+                answer = self.transact(peer, key, op, bookmarks, epochs, outputs, now, delay_ms, error)
             except ZqError as exc:
                 results.append({"error": exc.code, "message": str(exc)[:1024]})
                 continue
-            if refused:
-                gone = {seq for seqs in refused.values() for seq in seqs}
-                results.append({"committed": False, **refused, "held": [seq for seq in bookmarks if seq not in gone]})
+            except Exception as exc:  # noqa: BLE001 -- the safety net, per transaction: the others' answers stand
+                self.internal_errors += 1
+                log.exception("internal error in a transaction of %s", peer_id.hex()[:64])
+                results.append({"error": INTERNAL, "message": f"internal error ({type(exc).__name__})"})
                 continue
-            peer.published += sum(map(len, published))
-            reached.update(topic for topic, _ in outputs)
-            results.append({"committed": True, "ok": bookmarks, "published": published})
-        self.answer_committed(peer_id, wire.Reply(cmd.req, {"results": results}), reached)
+            if answer.get("committed"):
+                reached.update(topic for topic, _ in outputs)
+            results.append(answer)
+        if reached:
+            self.answer_committed(peer_id, wire.Reply(cmd.req, {"results": results}), reached)
+        else:
+            self.reply(peer_id, wire.Reply(cmd.req, {"results": results}))
+
+    def check_transactions(self, peer: Peer, sub: str, outputs: list[list[tuple[str, Any]]]) -> None:
+        """Before any transaction of a frame happens: the journal takes writes, the
+        subscription is this connection's, a confirmation may be held, and the frame's
+        output topics are few: at most ``OUTPUTS_MAX`` distinct, of which at most
+        ``NEW_QUEUES_PER_FRAME_MAX`` would make a queue (4,096 made in one step held the
+        loop 7 s: routing scans every queue), within the key's ``max_queues``."""
+        if self.journal_down is not None:  # before the engine: nothing happens that cannot be stored
+            raise JournalError(f"{self.journal_down}: nothing settled or published; try again once the journal "
+                               "takes writes")
+        if sub not in peer.subs:
+            raise UnknownSubscriptionError(f"no subscription {sub!r} on this connection")
+        topics = {topic for each in outputs for topic, _ in each}
+        if len(topics) > transactions.OUTPUTS_MAX:
+            raise LimitError(f"at most {transactions.OUTPUTS_MAX} output topics in one frame")
+        if sum(len(items) for each in outputs for _, items in each) > limits.PUBLISH_BATCH_MAX:
+            raise LimitError(f"at most {limits.PUBLISH_BATCH_MAX} messages published by one frame")
+        self.confirmations.check_room(peer.peer_id)
+        new = [t for t in topics if t not in self.engine.queues and not self.engine.routes.covered(t)]
+        if len(new) > NEW_QUEUES_PER_FRAME_MAX:
+            raise LimitError(f"at most {NEW_QUEUES_PER_FRAME_MAX} output topics no queue takes yet in one frame "
+                             f"(each would make a queue): {len(new)} here")
+        if new and peer.key is not None:
+            self.quotas.check_new_queue(peer, len(new))
+
+    def transact(self, peer: Peer, key: str, op: str, bookmarks: list[int], epochs: list[int],
+                 outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]], now: int, delay_ms: int,
+                 error: str) -> dict:
+        """One transaction, as its answer (TX's REPLY data)."""
+        refused, published = self.engine.transact(key, op, bookmarks, epochs, outputs, now,
+                                                  self.config.max_message_bytes, delay_ms, error)
+        if refused:
+            gone = {seq for seqs in refused.values() for seq in seqs}
+            return {"committed": False, **refused, "held": [seq for seq in bookmarks if seq not in gone]}
+        peer.published += sum(map(len, published))
+        return {"committed": True, "published": published}  # (not the inputs again: the client has them)
 
     def answer_committed(self, peer_id: bytes, answer: wire.Reply, topics: Iterable[str]) -> None:
         """A transaction's answer promises what a CONFIRM does: after the commit, the
@@ -385,35 +449,6 @@ class Commands:
             self.replicate_after_drain.append((peer_id, wire.encode(answer)))  # (the settle's events: numbered at the drain)
         else:
             self.reply(peer_id, answer, durable=True)
-
-    def on_transact(self, peer_id: bytes, peer: Peer, cmd: wire.Transact, now: int) -> None:
-        """Settle and publish in one commit (``zq.core.transactions``), answered once:
-        REPLY ``{committed: true, ok, published}`` when all of it happened, with the
-        CONFIRM's promise (after the commit, the standbys and flow control as a PUBLISH
-        is confirmed); ``{committed: false, <result>: [...], held}`` when an input was
-        not a live delivery and nothing happened; an ERROR (nothing happened) for a bad
-        output, or one its queue refuses."""
-        if self.journal_down is not None:  # before the engine: nothing happens that cannot be stored
-            raise JournalError(f"{self.journal_down}: nothing settled or published; try again once the journal "
-                               "takes writes")
-        if cmd.sub not in peer.subs:
-            raise UnknownSubscriptionError(f"no subscription {cmd.sub!r} on this connection")
-        self.confirmations.check_room(peer_id)
-        if peer.key is not None and any(not self.engine.route(topic) and topic not in self.engine.queues
-                                        for topic, _ in cmd.outputs):
-            self.quotas.check_new_queue(peer)  # (an output would create a queue)
-        refused, published = self.engine.transact(sub_key(peer, cmd.sub), cmd.op, cmd.bookmarks, cmd.epochs,
-                                                  cmd.outputs, now, self.config.max_message_bytes, cmd.delay_ms,
-                                                  cmd.error)
-        if refused:
-            gone = {seq for seqs in refused.values() for seq in seqs}
-            self.reply(peer_id, wire.Reply(cmd.req, {"committed": False, **refused,
-                                                     "held": [seq for seq in cmd.bookmarks if seq not in gone]}))
-            return
-        peer.published += sum(map(len, published))
-        self.answer_committed(peer_id, wire.Reply(cmd.req, {"committed": True, "ok": cmd.bookmarks,
-                                                            "published": published}),
-                              (topic for topic, _ in cmd.outputs))
 
     def on_release(self, peer_id: bytes, peer: Peer, cmd: wire.Release, now: int) -> None:
         """A reclaimable subscription gives back what it had not started of a REVOKE.

@@ -49,7 +49,7 @@ from zq.server.outflow import shut_down as outflow_shut_down
 from zq.server.ranges import RangeReader
 from zq.server.replay import Replayer
 from zq.server.router import Router, open_router
-from zq.server.security import Rights, Security, SecuritySection
+from zq.server.security import Rights, Security, SecuritySection, key_of
 from zq.server.sessions import Peer, PeerTable, sub_key, wall_ms
 from zq.server.snapshots import Snapshots
 from zq.server.stats import Stats
@@ -73,8 +73,8 @@ _SRCFD = int(zmq.SRCFD)  # a received frame's connection (its file descriptor): 
 NO_SESSION_TEXT = ("this connection has no session (it timed out, or the dispatcher restarted): "
                    "the client reconnects by itself")
 NO_SESSION_NEW_KEY = "this connection has no session for its new key: the client reconnects by itself"
-SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend, wire.Transact,
-                                      wire.TransactMany})
+SETTLES: frozenset[type] = frozenset({wire.Ack, wire.Cancel, wire.Expire, wire.Extend})
+TRANSACTIONS: frozenset[type] = frozenset({wire.Transact, wire.TransactMany})  # always answered: the unread check
 SETTLE_QUIET_MAX = 1024  # bookmarks in a settle without ``req`` that a peer over its unread limit may still send
 STRANGER_ANSWERS_MAX = 64  # answers to a connection with no session (a client re-says HELLO at its first)
 STRANGER_TEXT_MAX = 200  # characters of an ERROR's text to a connection with no session
@@ -572,8 +572,7 @@ class Server(Commands, Stats):
                 # Every frame's key (ZAP's User-Id, in the frame's metadata): rights come from
                 # the key that sent it, never from the routing id it came by.
                 frame = sock.recv(copy=False)
-                body, key = frame.bytes, frame.get("User-Id")
-                user = key if isinstance(key, str) else None
+                body, user = frame.bytes, key_of(frame)  # (none on an inproc connection: no ZAP there)
                 known = self.peers.get(peer_id)
                 if known is None or known.fd == -1:
                     fd = frame_fd(frame)
@@ -647,8 +646,8 @@ class Server(Commands, Stats):
             peer.last_heard_ms = now  # any frame counts as a heartbeat
         started = time.perf_counter()
         try:
-            if peer is not None and not trusted and (type(cmd) in PULL_COMMANDS or (
-                    type(cmd) in SETTLES and (cmd.req or len(getattr(cmd, "bookmarks", ())) > SETTLE_QUIET_MAX))):  # type: ignore[attr-defined]
+            if peer is not None and not trusted and (type(cmd) in PULL_COMMANDS or type(cmd) in TRANSACTIONS or (
+                    type(cmd) in SETTLES and (cmd.req or len(cmd.bookmarks) > SETTLE_QUIET_MAX))):  # type: ignore[attr-defined]
                 self.check_unread(peer)  # (a settle's answer can echo every bookmark: 590 KB for 65,536)
             if secured:
                 if type(cmd) is wire.Hello and not self.security.allowed(user):  # type: ignore[union-attr]

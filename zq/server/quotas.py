@@ -58,12 +58,12 @@ class KeyQuotas:
             raise LimitError(f"this client's key holds {held:,} subscriptions and claims, its max_subscriptions: "
                              "end some first")
 
-    def check_new_queue(self, peer: Peer) -> None:
-        """Before a frame that would create a queue (a publish to a topic no queue takes,
-        queue-create, a move to a new topic)."""
+    def check_new_queue(self, peer: Peer, count: int = 1) -> None:
+        """Before a frame that would create ``count`` queues (a publish to a topic no queue
+        takes, queue-create, a move to a new topic, a transaction's outputs)."""
         if peer.key is None or peer.rights is None:
             return
-        if self.queues_created[peer.key] >= peer.rights.max_queues:
+        if self.queues_created[peer.key] + count > peer.rights.max_queues:
             self.refused += 1
             raise LimitError(f"this client's key has created {peer.rights.max_queues:,} queues, its max_queues: "
                              "publish to a topic a queue already takes, or ask an operator")

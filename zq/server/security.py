@@ -45,6 +45,18 @@ from zq.keys import public_key_of
 
 log = logging.getLogger("zq.security")
 
+
+def key_of(frame: zmq.Frame) -> str | None:
+    """The client's CurveZMQ key as ZAP named it: None without security, and on an
+    inproc connection, where there is no ZAP (reading it there raised, and ended an
+    embedded dispatcher the moment anything in its process connected to ``inproc``)."""
+    try:
+        key = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return key if isinstance(key, str) else None
+
+
 ZAP_DOMAIN = "zq"
 ALL = ["*"]
 

@@ -47,6 +47,7 @@ from zq.journal.integrity import FILE_MODE, ID_FILE
 from zq.journal.lmdb_journal import LmdbJournal
 from zq.keys import apply_client_curve
 from zq.server.router import Router
+from zq.server.security import key_of
 from zq.wire.records import array_header_size
 
 log = logging.getLogger("zq.standby")
@@ -82,15 +83,6 @@ class StandbyState:
 
 HELD_FRAMES_MAX = 10_000  # frames a cluster standby keeps while no leader is known (beyond: dropped)
 HELD_BYTES_MAX = 64 << 20  # ... and their bytes (a frame may be 64 MiB: 10,000 of them would be 640 GiB)
-
-
-def key_of(frame: zmq.Frame) -> str | None:
-    """The client's CurveZMQ key as ZAP named it (None without security)."""
-    try:
-        key = frame.get("User-Id")
-    except zmq.ZMQError:
-        return None
-    return key if isinstance(key, str) else None
 
 
 class NotLeader:

@@ -514,7 +514,10 @@ def message_of(opts: WriteOptions, row: dict, msg_id: object) -> tuple[bytes, di
         headers[opts.group_header] = str(row["group"])
     if row.get("priority") is not None:
         headers["priority"] = str(row["priority"])
-    return payload, headers, str(msg_id)
+    msg_id = str(msg_id)
+    if msg_id.startswith("zq:"):  # a copy of a transaction's output: the zq: ids are the dispatcher's alone
+        msg_id = "spark:" + msg_id  # (the same row maps to the same id: a retried task still publishes it once)
+    return payload, headers, msg_id
 
 
 def task_context() -> tuple[int, int]:

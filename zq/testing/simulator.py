@@ -33,7 +33,7 @@ from zq.core.queue import Queue
 from zq.core.errors import QueueFullError, ZqError
 from zq.core.settings import QueueSettings
 from zq.core.explain import explain
-from zq.core.transactions import derived_id
+from zq.core.transactions import DERIVED_PREFIX, derived_id
 from zq.core.expr import compile_filter
 from zq.journal.base import recover_engine
 from zq.journal.memory_journal import MemoryJournal
@@ -353,7 +353,7 @@ class Simulator:
         settled = {(r.queue, seq) for r in out.records if type(r) is R.Event and r.kind in (R.ACKED, R.CANCELLED)
                    for seq in r.bookmarks}
         for r in out.records:
-            if type(r) is R.Message and r.msg_id is not None and r.msg_id.count(":") == 2:
+            if type(r) is R.Message and r.msg_id is not None and r.msg_id.startswith(DERIVED_PREFIX):
                 if (r.topic, r.msg_id) in self.tx_ids:
                     raise InvariantError(f"output {r.msg_id} on {r.topic} journaled twice (again at {r.seq})")
                 self.tx_ids.add((r.topic, r.msg_id))
@@ -384,7 +384,8 @@ class Simulator:
         ids, index = [], 0
         for topic, items in outputs:
             for _ in items:
-                ids.append((self.engine.routes.resolve_topic(topic), derived_id(q.name, seqs[0], index)))
+                ids.append((self.engine.routes.resolve_topic(topic),
+                            derived_id(q.name, seqs[0], index, epochs[0] if op == "cancel" else 0)))
                 index += 1
         records_before = len(self.engine.records)
         try:
