@@ -232,6 +232,7 @@ def test_the_checkers_catch_a_planted_engine_bug(bug, monkeypatch):
             Simulator(seed, 600).run()
         except InvariantError:
             caught += 1
+            break  # (one seed that catches it is the proof; the rest would only cost time)
     assert caught > 0, f"no seed caught the planted bug {bug!r}"
 
 
