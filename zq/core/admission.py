@@ -39,6 +39,9 @@ class Admission:
         # journaled publish. This step's ids are not journaled yet: ``step_ids``.
         self.find_id = find_id
         self.step_ids: dict[tuple[str, str], tuple[int, int]] = {}
+        # What a check (``check``) found in the journal, for the publish that follows it in
+        # the same step: one index lookup per output, not two.
+        self.looked_up: dict[tuple[str, str], tuple[int, int] | None] = {}
         self.duplicates = 0
         self.published = 0
         self.over_limit: set[str] = set()  # queues in an overflow breach (checked each drain)
@@ -47,6 +50,8 @@ class Admission:
         """This step's records are committed: its message ids are the journal's to find."""
         if self.step_ids:
             self.step_ids = {}
+        if self.looked_up:
+            self.looked_up = {}
 
     def publish_many(
         self,
@@ -150,9 +155,15 @@ class Admission:
             if msg_id in batch:
                 known[i] = -1 - batch[msg_id]  # the same id earlier in this batch: resolved below
                 continue
-            hit = self.step_ids.get((topic, msg_id))
+            key = (topic, msg_id)
+            hit = self.step_ids.get(key)
             if hit is None and self.find_id is not None:
-                hit = self.find_id(topic, msg_id)
+                if key in self.looked_up:  # a transaction's check asked the journal already
+                    hit = self.looked_up.pop(key)
+                else:
+                    hit = self.find_id(topic, msg_id)
+                    if not count:
+                        self.looked_up[key] = hit
             if hit is not None and hit[1] >= now_ms - window:
                 known[i] = hit[0]
             else:
