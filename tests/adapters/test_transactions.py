@@ -27,6 +27,16 @@ def dispatcher(tmp_path):
     d.stop()
 
 
+def subscribed(endpoint: str, until: type = wire.DeliverRecords):  # type: ignore[no-untyped-def]
+    """A bare DEALER (frames by hand, as a hostile peer) with subscription ``s`` on
+    ``orders`` open, after its first ``until`` frame."""
+    d = raw_dealer(endpoint)
+    d.send(wire.encode(wire.Hello(1)))
+    d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
+    frames_until(d, until)
+    return d
+
+
 def reply_to(sock, req: int):  # type: ignore[no-untyped-def]
     while True:
         reply = frames_until(sock, wire.Reply)
@@ -75,11 +85,8 @@ def test_a_worker_commits_and_a_late_delivery_publishes_nothing(dispatcher):
 def test_a_stale_epoch_publishes_nothing_and_says_lost(dispatcher):
     with zq.connect(dispatcher.endpoint) as c:
         order = c.publish("orders", b"o1")
-    d = raw_dealer(dispatcher.endpoint)
+    d = subscribed(dispatcher.endpoint)
     try:
-        d.send(wire.encode(wire.Hello(1)))
-        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
-        frames_until(d, wire.DeliverRecords)
         d.send(wire.encode(wire.Transact(2, "s", "ack", [order], [7], [("invoices", [(b"x", {}, None)])])))
         answer = reply_to(d, 2)
         assert answer.data == {"committed": False, "lost": [order], "held": []}
@@ -152,11 +159,8 @@ def test_asyncio_commits(dispatcher):
 ])
 def test_bad_transactions_on_the_wire_get_an_error_and_the_dispatcher_goes_on(dispatcher, frame):
     import msgspec
-    d = raw_dealer(dispatcher.endpoint)
+    d = subscribed(dispatcher.endpoint, wire.Subscribed)
     try:
-        d.send(wire.encode(wire.Hello(1)))
-        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
-        frames_until(d, wire.Subscribed)
         d.send(msgspec.msgpack.encode(frame))
         while True:
             answer = wire.server_decoder.decode(d.recv())
@@ -263,11 +267,8 @@ def test_a_subscription_s_transactions_not_waited_for(dispatcher):
 ])
 def test_a_txs_frame_over_its_limits_is_refused_whole(dispatcher, txs):
     import msgspec
-    d = raw_dealer(dispatcher.endpoint)
+    d = subscribed(dispatcher.endpoint, wire.Subscribed)
     try:
-        d.send(wire.encode(wire.Hello(1)))
-        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
-        frames_until(d, wire.Subscribed)
         d.send(msgspec.msgpack.encode(["txs", 9, "s", txs]))
         assert frames_until(d, wire.Error).code == "limit"
     finally:
@@ -322,11 +323,8 @@ def test_a_frame_may_make_few_queues_and_name_few_topics(dispatcher):
     (routing scans every queue). A frame names at most 64 topics, 16 of them new."""
     with zq.connect(dispatcher.endpoint) as c:
         order = c.publish("orders", b"o1")
-    d = raw_dealer(dispatcher.endpoint)
+    d = subscribed(dispatcher.endpoint)
     try:
-        d.send(wire.encode(wire.Hello(1)))
-        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
-        frames_until(d, wire.DeliverRecords)
         new = [(f"new.{i}", [(b"x", {}, None)]) for i in range(17)]
         d.send(wire.encode(wire.Transact(2, "s", "ack", [order], [1], new)))
         error = frames_until(d, wire.Error)
@@ -356,11 +354,8 @@ def test_an_error_inside_one_transaction_of_a_txs_frame_answers_that_one_only(di
     monkeypatch.setattr(transactions, "transact", flaky)
     with zq.connect(dispatcher.endpoint) as c:
         first, second = c.publish_many("orders", [b"o1", b"o2"])
-    d = raw_dealer(dispatcher.endpoint)
+    d = subscribed(dispatcher.endpoint)
     try:
-        d.send(wire.encode(wire.Hello(1)))
-        d.send(wire.encode(wire.Subscribe(1, "s", "orders", 2)))
-        frames_until(d, wire.DeliverRecords)
         d.send(wire.encode(wire.TransactMany(2, "s", [("ack", [first], [1], [("out", [(b"1", {}, None)])], -1, ""),
                                                       ("ack", [second], [1], [("out", [(b"2", {}, None)])], -1, "")])))
         ok, failed = reply_to(d, 2).data["results"]

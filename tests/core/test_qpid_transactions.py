@@ -66,6 +66,10 @@ class Qpid:
         self.acked[c] = []
         self.h.drain()
 
+    def all_consumed(self, n: int) -> bool:
+        q = self.h.engine.queues["msg-group-q"]
+        return q.depth == 0 and not q.lease_of and q.acked == n
+
     def rollback(self, c: str) -> None:
         seqs = [self.seq_of[n] for n in self.held[c]]
         assert self.h.engine.cancel(c, seqs, self.h.now, delay_ms=0) == []
@@ -102,8 +106,7 @@ def test_transaction():
     assert t.fetch("c2") == "B5"
     t.acknowledge("c2")
     t.commit("c2")
-    q = t.h.engine.queues["msg-group-q"]
-    assert q.depth == 0 and not q.lease_of and q.acked == 6
+    assert t.all_consumed(6)
 
 
 def test_send_transaction():
@@ -125,8 +128,7 @@ def test_send_transaction():
     assert t.fetch("c2") == "A2"
     t.acknowledge("c2")
     t.commit("c2")
-    q = t.h.engine.queues["msg-group-q"]
-    assert q.depth == 0 and not q.lease_of and q.acked == 4
+    assert t.all_consumed(4)
 
 
 def test_a_rollback_after_outputs_were_named_publishes_nothing_and_a_commit_publishes_them_once():
