@@ -225,31 +225,27 @@ def commit_messages(owner: Any, messages: Iterable["Message"], publish: Iterable
         return None
     make = lambda req: wire.Transact(req, owner.sub_id, op, bookmarks, epochs, outputs, delay_ms, text)  # noqa: E731
     try:
-        answer = owner._ask(make, timeout)
-    except SessionLost:  # committed or not, the leases ended with the session: the message goes again if not
+        answer = owner._ask(make, timeout)  # (an ERROR raises: nothing happened, the caller is told)
+    except SessionLost as lost:  # committed or not, the leases ended with the session: the message goes again if not
+        answer = lost
+    return tx_answered(owner, answer, bookmarks, epochs)
+
+
+def tx_answered(owner: Any, answer: Any, bookmarks: list[int], epochs: list[int]) -> Transaction:
+    """A transaction's answer (its REPLY's data, or the error it got), counted as a batched
+    ack's verdicts are (``refused``, ``lost``). An error nobody waited for (nothing
+    happened: the messages stay leased until their leases end, then go again) is logged."""
+    if isinstance(answer, SessionLost):
         return Transaction(False, count_verdicts(owner, dict.fromkeys(bookmarks, "lost")), [])
+    if isinstance(answer, BaseException):
+        owner.refused += len(bookmarks)
+        log.error("a transaction settling %s was refused, nothing of it happened: %s", bookmarks[:8], answer)
+        return Transaction(False, dict.fromkeys(bookmarks, "held"), [])
     committed, verdicts, published = tx_outcome(answer, bookmarks)
     if committed and owner.unstarted is not None:
         owner.unstarted.settled(zip(bookmarks, epochs))
     count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
     return Transaction(committed, verdicts, published)
-
-
-def tx_answered(owner: Any, answer: Any, bookmarks: list[int], epochs: list[int]) -> None:
-    """The answer to a transaction nobody waited for: counted as a batched ack's verdicts
-    are (``refused``, ``lost``); an error (nothing happened: the messages stay leased until
-    their leases end, then go again) is logged."""
-    if isinstance(answer, SessionLost):
-        count_verdicts(owner, dict.fromkeys(bookmarks, "lost"))
-        return
-    if isinstance(answer, BaseException):
-        owner.refused += len(bookmarks)
-        log.error("a transaction settling %s was refused, nothing of it happened: %s", bookmarks[:8], answer)
-        return
-    committed, verdicts, _ = tx_outcome(answer, bookmarks)
-    if committed and owner.unstarted is not None:
-        owner.unstarted.settled(zip(bookmarks, epochs))
-    count_verdicts(owner, {b: v for b, v in verdicts.items() if v != "held"})
 
 
 class Message:

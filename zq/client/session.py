@@ -526,6 +526,7 @@ def check_tx(bookmarks: list[int], outputs: list[tuple[str, list[tuple[bytes, di
     size in bytes, about."""
     from zq.core import limits
     from zq.core.errors import LimitError, ProtocolError
+    from zq.core.transactions import DERIVED_PREFIX
 
     count, size = tx_size(outputs)
     if count > limits.PUBLISH_BATCH_MAX:
@@ -538,8 +539,9 @@ def check_tx(bookmarks: list[int], outputs: list[tuple[str, list[tuple[bytes, di
         raise LimitError(f"a transaction of {size:,} bytes is over what one frame carries ({TX_BYTES_MAX:,})")
     for _, items in outputs:
         for _, _, msg_id in items:
-            if msg_id is not None and msg_id.startswith("zq:"):
-                raise ProtocolError("message ids starting 'zq:' are the dispatcher's (derived for transactions' outputs)")
+            if msg_id is not None and msg_id.startswith(DERIVED_PREFIX):
+                raise ProtocolError(f"message ids starting {DERIVED_PREFIX!r} are the dispatcher's (derived for "
+                                    "transactions' outputs)")
     return size
 
 

@@ -370,14 +370,10 @@ class Simulator:
         simulation's topics (consumed in turn). Applied exactly when every input is the
         live delivery and the outputs are taken; otherwise nothing of it happens."""
         q = self.engine.queues[w.queue]
-        sub = self.engine.subs[w.sub_id]
-        by_seq: dict[int, int] = {}
-        for seq, epoch in chosen:
-            by_seq[seq] = max(epoch, by_seq.get(seq, 0))
+        by_seq = newest(chosen)
         seqs = sorted(by_seq)
         epochs = [by_seq[seq] for seq in seqs]
-        live = all((lease := q.lease_of.get(seq)) is not None and lease.sub is sub and q.deliveries_of(seq) == by_seq[seq]
-                   for seq in seqs)
+        live = len(self.live(w, by_seq)) == len(seqs)
         rng = random.Random(f"{q.name}:{seqs[0]}")  # a stage's outputs follow from its input: again, the same
         outputs = [(rng.choice(self.options.topics), [(b"x", {"color": rng.choice(COLORS)}, None)
                                                       for _ in range(rng.randint(1, 2))]) for _ in range(rng.randint(1, 2))]
@@ -671,9 +667,7 @@ class Simulator:
         fence: exactly the live deliveries apply; a stale epoch never settles."""
         q = self.engine.queues[w.queue]
         sub = self.engine.subs[w.sub_id]
-        by_seq: dict[int, int] = {}
-        for seq, epoch in chosen:  # redelivered to the same worker: the newest delivery
-            by_seq[seq] = max(epoch, by_seq.get(seq, 0))
+        by_seq = newest(chosen)
         older = sorted((seq, epoch) for seq, epoch in chosen if epoch < by_seq[seq])
         if older:  # the superseded deliveries' settles: none may apply
             results = self.engine.settle(op, w.sub_id, [x[0] for x in older], [x[1] for x in older], self.now_ms, extra_ms,
@@ -682,8 +676,7 @@ class Simulator:
                 raise InvariantError(f"{w.sub_id} {op}: superseded deliveries {older} settled: {results}")
             self.stale_settles += len(older)
         seqs = sorted(by_seq)
-        live = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub
-                and q.deliveries_of(seq) == by_seq[seq]}
+        live = self.live(w, by_seq)
         stale = {seq for seq in seqs if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub} - live
         results = self.engine.settle(op, w.sub_id, seqs, [by_seq[seq] for seq in seqs], self.now_ms, extra_ms, delay_ms,
                                      error)
@@ -696,6 +689,13 @@ class Simulator:
         if not stale <= set(results.get("lost", [])):
             raise InvariantError(f"{w.sub_id} {op}: stale deliveries {sorted(stale)} not reported lost: {results}")
         self.stale_settles += len(stale)
+
+    def live(self, w: Worker, by_seq: dict[int, int]) -> set[int]:
+        """The bookmarks of ``by_seq`` (bookmark -> epoch) that are ``w``'s live deliveries."""
+        q = self.engine.queues[w.queue]
+        sub = self.engine.subs[w.sub_id]
+        return {seq for seq, epoch in by_seq.items() if (lease := q.lease_of.get(seq)) is not None and lease.sub is sub
+                and q.deliveries_of(seq) == epoch}
 
     def start_and_answer(self, w: Worker, faults: bool) -> None:
         """A reclaimable worker starts some of what it was delivered (all, once faults
@@ -758,6 +758,14 @@ class Simulator:
 
     def work_digest(self) -> str:
         return self.work_trace.hexdigest()
+
+
+def newest(chosen: list[tuple[int, int]]) -> dict[int, int]:
+    """Bookmark -> the newest epoch among ``chosen`` (one redelivered to the same worker)."""
+    by_seq: dict[int, int] = {}
+    for seq, epoch in chosen:
+        by_seq[seq] = max(epoch, by_seq.get(seq, 0))
+    return by_seq
 
 
 def lvq_key(q: Queue, m: R.Message) -> object:
