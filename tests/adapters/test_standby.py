@@ -471,6 +471,37 @@ def test_a_cluster_standby_keeps_clients_frames_while_no_leader_is_known_and_bou
         raw.close(0)
 
 
+def test_a_standby_stops_at_once_while_a_node_that_knows_no_leader_keeps_it_waiting(tmp_path):
+    """A standby whose leader stepped down copies from a node that knows no leader yet:
+    that node keeps the request and heartbeats it so that it waits. Told to stop (its
+    node must follow the new leader), the copy stops at once. It used to notice a stop
+    only when nothing came: heartbeats kept it for REQUEST_TIMEOUT_S (30 s), and its
+    node, answering clients for the old leader meanwhile, held them all that time (a
+    cluster test saw clients of zk:// not served for 15 s after a failover)."""
+    import threading
+    import time
+
+    from zq.server.standby import NotLeader
+
+    endpoint = f"ipc://{tmp_path}/stepped-down.sock"
+    stepped_down = NotLeader([endpoint], "", wait_for_leader=True, heartbeat_ms=100)  # heartbeats every 50 ms
+    copy = Standby(endpoint, str(tmp_path / "copy"), node="n2", epoch=2)
+    thread = threading.Thread(target=copy.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: stepped_down.held and copy.state.heard_at > 0, timeout=10,
+                   what="the copy's HELLO kept, heartbeats coming")
+        started = time.monotonic()
+        copy.stop()
+        thread.join(5)
+        assert not thread.is_alive(), "the copy did not stop while heartbeats kept coming"
+        assert time.monotonic() - started < 2
+    finally:
+        copy.stop()
+        thread.join(40)
+        stepped_down.close()
+
+
 def test_snapshots_dropped_while_copying_still_count_until_their_files_are_gone(tmp_path):
     """"At most 2 snapshots at once" once counted only open ones: ending the session
     dropped a snapshot whose copy went on, so begin / leave / begin left 12 copies on

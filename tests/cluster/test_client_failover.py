@@ -170,3 +170,42 @@ def test_every_client_given_one_node_follows_it_when_it_pauses_past_its_session_
             loop.thread.join(60)
         for x in opened:
             x.close()
+
+
+def test_a_zk_client_bounced_between_a_standby_and_a_gone_leader_reads_zookeeper_again(zookeeper):
+    """A zk:// client reads the cluster's endpoints once, the leader first, and again each
+    time it has tried through them. A standby that still names the old leader (it has
+    not heard of the new one yet) sent it back there, and from there to the standby
+    again: hints kept it off the list's end, so ZooKeeper was never read again, and a
+    leader elected after the list was read (a node that joined late) was never tried.
+    Now as many failures as the list is long, hints included, read ZooKeeper again.
+    A real ZooKeeper: the znodes are the ones ``zq.server.election`` keeps."""
+    import msgspec
+    from kazoo.client import KazooClient
+
+    from zq.client.session import Endpoints
+
+    path = "/zq/bounced_client"
+    old, standby, new = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"
+    zk = KazooClient(hosts=zookeeper.hosts)
+    zk.start(timeout=10)
+    try:
+        zk.create(f"{path}/state", msgspec.json.encode({"epoch": 1, "leader": "n1", "endpoint": old}), makepath=True)
+        zk.create(f"{path}/nodes/n1", msgspec.json.encode({"endpoint": old}), makepath=True)
+        zk.create(f"{path}/nodes/n2", msgspec.json.encode({"endpoint": standby}))
+        ring = Endpoints(f"zk://{zookeeper.hosts}{path}")
+        assert ring.all == [old, standby]
+        # The new leader, elected after the client read the list.
+        zk.set(f"{path}/state", msgspec.json.encode({"epoch": 2, "leader": "n3", "endpoint": new}))
+        zk.create(f"{path}/nodes/n3", msgspec.json.encode({"endpoint": new}))
+        ring.failed()  # the old leader went silent
+        assert ring.current == standby
+        ring.redirect(f"this dispatcher is a standby, not the leader; leader: {old}")
+        ring.failed()  # (the redirect is followed)
+        assert ring.current == old
+        ring.failed()  # silent again: two failures, as many as the list holds
+        assert ring.all[0] == new and ring.current == new
+    finally:
+        zk.delete(path, recursive=True)
+        zk.stop()
+        zk.close()

@@ -696,6 +696,7 @@ class Endpoints:
         self.i = 0
         self.hint: str | None = None
         self.hint_fresh = False
+        self.failures = 0  # endpoints that did not serve since the last that did (hints included)
         self.epoch = 0  # the newest cluster leader epoch a session of ours was welcomed by
 
     def stale(self, epoch: int) -> bool:
@@ -707,6 +708,7 @@ class Endpoints:
             return True
         self.epoch = epoch
         self.hint_fresh = False  # the leader it named served: when it fails, move on from it
+        self.failures = 0
         return False
 
     @property
@@ -725,13 +727,20 @@ class Endpoints:
             self.hint_fresh = False  # (a redirect just now: go where it said)
             return
         gone = self.current
+        self.failures += 1
+        wrapped = False
         if self.hint is None:
             self.i = (self.i + 1) % len(self.all)
-            if self.i == 0 and self.zookeeper is not None:  # tried through: ask ZooKeeper again
-                try:
-                    self.all = cluster_endpoints(self.zookeeper)
-                except ConnectionLost as exc:
-                    log.warning("%s", exc)
+            wrapped = self.i == 0
+        # Tried through, hints included (two standbys naming a leader that is gone would
+        # otherwise send us between them without ever reaching the list's end), or back
+        # at its start: ask ZooKeeper again, where the leader is listed first.
+        if self.zookeeper is not None and (wrapped or self.failures >= len(self.all)):
+            self.failures = 0
+            try:
+                self.all, self.i = cluster_endpoints(self.zookeeper), 0
+            except ConnectionLost as exc:
+                log.warning("%s", exc)
         self.hint = None  # back to the list where it was, but never straight back to what failed
         if self.all[self.i] == gone:  # (the leader a hint named is in the list too)
             self.i = (self.i + 1) % len(self.all)

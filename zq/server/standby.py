@@ -454,13 +454,19 @@ class Standby:
         if self.monitor is not None:
             poller.register(self.monitor, zmq.POLLIN)
         while True:
+            # Stopped: at once, even while frames keep coming. A node that stepped down
+            # and knows no leader yet holds our request and sends heartbeats so that we
+            # wait; checked only when nothing came, a stop waited out REQUEST_TIMEOUT_S,
+            # and so did the node's move to the new leader (and its clients with it).
+            if self.stopping.is_set():
+                raise TimeoutError("stopped")
             left = deadline - time.monotonic()
             ready = dict(poller.poll(int(min(left, 0.1) * 1000))) if left > 0 else {}
             if self.dropped():
                 self.state.connected = False
                 raise TimeoutError("its connection dropped")
             if self.sock not in ready:
-                if left <= 0 or self.stopping.is_set():
+                if left <= 0:
                     raise TimeoutError("no answer")
                 continue
             try:
