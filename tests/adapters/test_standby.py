@@ -502,6 +502,43 @@ def test_a_standby_stops_at_once_while_a_node_that_knows_no_leader_keeps_it_wait
         stepped_down.close()
 
 
+def test_a_cluster_standby_keeps_a_client_waiting_at_most_hold_ms_then_sends_it_on(tmp_path):
+    """A node that cannot vouch for a leader for long (its copy cannot reach one that the
+    clients may reach) must not keep its clients for good, heartbeating them so that they
+    never move on: after ``hold_ms`` each frame kept is answered ``not-leader`` naming no
+    one (a client then tries its next endpoint), and nothing more of theirs is kept."""
+    import time
+
+    from zq import wire
+    from zq.server.standby import NotLeader
+
+    from .support import raw_dealer
+
+    endpoint = f"ipc://{tmp_path}/n.sock"
+    responder = NotLeader([endpoint], "", wait_for_leader=True, heartbeat_ms=100, hold_ms=400)
+    raw = raw_dealer(endpoint)
+    try:
+        started = time.monotonic()
+        raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "waiting client")))
+        raw.send(wire.encode(wire.Stats(7)))
+        answers = []
+        while len(answers) < 2 and time.monotonic() < started + 10:
+            if raw.poll(100):
+                msg = wire.server_decoder.decode(raw.recv())
+                if type(msg) is wire.Error:
+                    answers.append((msg, time.monotonic() - started))
+                else:
+                    assert type(msg) is wire.Heartbeat  # (kept waiting until then)
+        assert len(answers) == 2, answers
+        assert [a.req for a, _ in answers] == [0, 7] and {a.code for a, _ in answers} == {wire.NOT_LEADER}
+        assert wire.leader_hint(answers[0][0].message) is None  # names no one: the next endpoint is tried
+        assert all(0.35 <= t < 5 for _, t in answers), answers
+        assert responder.sent_on == 1 and not responder.held and not responder.held_since
+    finally:
+        raw.close(0)
+        responder.close()
+
+
 def test_snapshots_dropped_while_copying_still_count_until_their_files_are_gone(tmp_path):
     """"At most 2 snapshots at once" once counted only open ones: ending the session
     dropped a snapshot whose copy went on, so begin / leave / begin left 12 copies on

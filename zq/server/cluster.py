@@ -109,12 +109,15 @@ class Node:
         """Be a standby until this node wins the election (returns the new state) or
         is stopped (None)."""
         from zq.keys import client_curve
-        from zq.server.standby import NotLeader, Standby
+        from zq.server.standby import HOLD_MIN_MS, NotLeader, Standby
 
         if self.responder is None:
+            # Clients wait here while an election can be under way (the leader's session
+            # runs out, then a standby wins): twice the session timeout, 5 s at least.
             self.responder = NotLeader(self.config.bind, "", self.ctx,
                                        router=open_router(self.config, self.ctx), wait_for_leader=True,
-                                       heartbeat_ms=self.config.heartbeat_ms)
+                                       heartbeat_ms=self.config.heartbeat_ms,
+                                       hold_ms=max(HOLD_MIN_MS, 2 * self.cc.session_timeout_ms))
         follower: Standby | None = None
         restart_at = 0.0
         target = ("", 0)

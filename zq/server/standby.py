@@ -83,6 +83,7 @@ class StandbyState:
 
 HELD_FRAMES_MAX = 10_000  # frames a cluster standby keeps while no leader is known (beyond: dropped)
 HELD_BYTES_MAX = 64 << 20  # ... and their bytes (a frame may be 64 MiB: 10,000 of them would be 640 GiB)
+HOLD_MIN_MS = 5000  # a client is kept waiting at least this long (an election takes the session timeout and a bit)
 
 
 class NotLeader:
@@ -95,10 +96,14 @@ class NotLeader:
     just died, an election is under way) it keeps what clients send, in order, and
     sends them heartbeats so that they wait: for a leader to be named to them, or for
     this node to win and hand the socket and the frames kept to its dispatcher, which
-    answers them as if they had just arrived (``hand_over``)."""
+    answers them as if they had just arrived (``hand_over``). For ``hold_ms`` at most:
+    a node that cannot vouch for long (its copy cannot reach a leader that others can)
+    must not keep its clients for good; then they are answered ``not-leader`` naming
+    no one, and move on to their next endpoint."""
 
     def __init__(self, binds: list[str], leader: str, context: zmq.Context | None = None, *,
-                 router: Router | None = None, wait_for_leader: bool = False, heartbeat_ms: int = 1000) -> None:
+                 router: Router | None = None, wait_for_leader: bool = False, heartbeat_ms: int = 1000,
+                 hold_ms: int = HOLD_MIN_MS) -> None:
         self.ctx = context or zmq.Context.instance()
         if router is None:
             sock = self.ctx.socket(zmq.ROUTER)
@@ -120,6 +125,9 @@ class NotLeader:
         self.heartbeat_s = heartbeat_ms / 1000
         self.held: list[tuple[bytes, bytes, str | None]] = []  # (peer, frame, its key) kept while no leader is vouched for
         self.held_bytes = 0
+        self.held_since: dict[bytes, float] = {}  # peer -> when the oldest of its frames kept came
+        self.hold_s = hold_ms / 1000
+        self.sent_on = 0  # clients answered because they waited hold_ms with no leader vouched for
         self.dropped = 0  # frames not kept (over HELD_FRAMES_MAX or HELD_BYTES_MAX)
         self.stopping = threading.Event()
         self.answered = 0
@@ -154,11 +162,13 @@ class NotLeader:
             vouched = self.vouched()
             if vouched and self.held:
                 held, self.held, self.held_bytes = self.held, [], 0
+                self.held_since.clear()
                 for peer, frame, _ in held:
                     self.answer(peer, frame)
             elif not vouched and self.held and time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.heartbeat_s / 2
-                for peer in {p for p, _, _ in self.held}:  # keep them waiting: a leader is coming
+                self.send_on_waited_out(time.monotonic())
+                for peer in list(self.held_since):  # keep them waiting: a leader is coming
                     self.send(peer, wire.HEARTBEAT_FRAME)
             if not self.sock.poll(20 if not vouched else 50):
                 continue
@@ -176,8 +186,30 @@ class NotLeader:
             elif len(self.held) < HELD_FRAMES_MAX and self.held_bytes + len(body) <= HELD_BYTES_MAX:
                 self.held.append((peer, body, key_of(frames[1])))
                 self.held_bytes += len(body)
+                self.held_since.setdefault(peer, time.monotonic())
             else:
                 self.dropped += 1
+
+    def send_on_waited_out(self, now: float) -> None:
+        """Answer the clients kept ``hold_s`` with no leader vouched for: ``not-leader``
+        naming no one (their next endpoint may know), and keep nothing more of theirs."""
+        gone = {peer for peer, since in self.held_since.items() if now - since >= self.hold_s}
+        if not gone:
+            return
+        text = (f"this dispatcher is a standby and has known no leader for {self.hold_s:.0f}s: "
+                "try another endpoint of the cluster")
+        for peer, frame, _ in self.held:
+            if peer in gone:
+                try:
+                    cmd = wire.client_decoder.decode(frame)
+                except (ValueError, TypeError, RecursionError):
+                    cmd = None
+                self.send(peer, wire.encode(wire.Error(getattr(cmd, "req", 0) or 0, wire.NOT_LEADER, text)))
+        self.held = [h for h in self.held if h[0] not in gone]
+        self.held_bytes = sum(len(h[1]) for h in self.held)
+        for peer in gone:
+            self.held_since.pop(peer, None)
+        self.sent_on += len(gone)
 
     def answer(self, peer: bytes, frame: bytes) -> None:
         try:
@@ -197,6 +229,7 @@ class NotLeader:
         except zmq.ZMQError:  # gone, or not reading: nothing to tell it (and nothing more to keep)
             self.held = [h for h in self.held if h[0] != peer]
             self.held_bytes = sum(len(h[1]) for h in self.held)
+            self.held_since.pop(peer, None)
             return False
 
     def hand_over(self) -> tuple[Router, list[tuple[bytes, bytes, str | None]]]:
@@ -205,6 +238,7 @@ class NotLeader:
         self.stopping.set()
         self.thread.join(5)
         held, self.held, self.held_bytes = self.held, [], 0
+        self.held_since.clear()
         return self.router, held
 
     def close(self) -> None:
