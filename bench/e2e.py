@@ -202,8 +202,10 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     n = int(seconds * rate)
     fleet = Fleet(workers, backlog, durability, consumer=consumer)
     try:
+        cpu_before = cpu_seconds(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, publisher, 0, rate)
         fleet.wait_acked(n, timeout=60 + seconds)
+        cpu = cpu_seconds(fleet.server.pid) - cpu_before  # (at a low rate: each message pays whole iterations)
         reports = fleet.reports()
     finally:
         fleet.close()
@@ -212,6 +214,7 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability, "transport": "tcp loopback",
         "consumer": CONSUMERS[consumer], "publisher": PUBLISHERS[publisher],
         "messages": n, "publish_to_worker_us": percentiles(deliver), "publish_to_confirm_us": percentiles(prod["confirm_us"]),
+        **server_cpu(n, cpu),
     }
 
 

@@ -382,6 +382,8 @@ def latency(seconds: float, rate: float = 2000, workers: int = 4, backlog: int =
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.peers", "latency-worker", "redis-streams",
                                            str(peer.port), str(backlog), str(out)], env=child_env()))
         time.sleep(1.0)  # let the workers attach
+        pid = peer.server_pid()
+        cpu_before = cpu_seconds(pid) if pid else None
         prod = subprocess.run([sys.executable, "-m", "bench.peers", "latency-producer", "redis-streams",
                                str(peer.port), str(n), str(rate)], env=child_env(), capture_output=True, text=True,
                               timeout=900)
@@ -393,6 +395,7 @@ def latency(seconds: float, rate: float = 2000, workers: int = 4, backlog: int =
             if time.monotonic() > deadline:
                 raise RuntimeError("redis-streams: not all latency messages were taken")
             time.sleep(0.1)
+        cpu = cpu_seconds(pid) - cpu_before if pid and cpu_before is not None else None
     finally:
         for w in procs:
             w.send_signal(signal.SIGTERM)
@@ -405,7 +408,8 @@ def latency(seconds: float, rate: float = 2000, workers: int = 4, backlog: int =
         peer.stop()
     return {"scenario": "latency", "system": "redis-streams", "rate": rate, "seconds": seconds,
             "durability": "AOF, fsync every second", "transport": "tcp loopback", "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us)}
+            "publish_to_confirm_us": percentiles(confirm_us),
+            **(server_cpu(n, cpu) if cpu is not None else {"server_cpu_us_per_msg": None})}
 
 
 def latency_producer(port: int, n: int, rate: float) -> dict:

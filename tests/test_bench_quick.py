@@ -46,6 +46,8 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
             assert keys, row
             for key in keys:
                 assert set(row[key]) == {"p50", "p99", "p99.9"} and all(v > 0 for v in row[key].values()), row
+            if scenario == "latency" and row.get("transport") == "tcp loopback" and "consumer" in row:
+                assert row["server_cpu_us_per_msg"] > 0, row  # what each message costs the dispatcher at that rate
             continue
         if scenario == "idle-queues":  # a step's cost, or the latency beside idle queues
             figures = [row["us_per_step"]] if "us_per_step" in row else list(row["publish_to_worker_us"].values())
