@@ -521,6 +521,7 @@ def test_a_cluster_standby_keeps_a_client_waiting_at_most_hold_ms_then_sends_it_
         started = time.monotonic()
         raw.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, "waiting client")))
         raw.send(wire.encode(wire.Stats(7)))
+        raw.send(wire.encode(wire.Bye()))  # kept, never answered (as a vouching standby does not)
         answers = []
         while len(answers) < 2 and time.monotonic() < started + 10:
             if raw.poll(100):
@@ -534,9 +535,63 @@ def test_a_cluster_standby_keeps_a_client_waiting_at_most_hold_ms_then_sends_it_
         assert wire.leader_hint(answers[0][0].message) is None  # names no one: the next endpoint is tried
         assert all(0.35 <= t < 5 for _, t in answers), answers
         assert responder.sent_on == 1 and not responder.held and not responder.held_since
+        assert not raw.poll(300) or type(wire.server_decoder.decode(raw.recv())) is not wire.Error  # (BYE: nothing)
     finally:
         raw.close(0)
         responder.close()
+
+
+def test_a_cluster_standby_forgets_clients_that_went_away_while_kept_waiting(tmp_path):
+    """Clients that sent a frame and left while no leader was vouched for: the next
+    heartbeat to each fails, and the responder keeps nothing more of theirs (once per
+    pass over what it keeps: a pass that rebuilt the list per failed peer took seconds
+    with thousands of them, past hand_over's wait for the thread)."""
+    from zq import wire
+    from zq.server.standby import NotLeader
+
+    from .support import raw_dealer
+
+    endpoint = f"ipc://{tmp_path}/n.sock"
+    responder = NotLeader([endpoint], "", wait_for_leader=True, heartbeat_ms=100, hold_ms=600_000)
+    dealers = [raw_dealer(endpoint) for _ in range(50)]
+    try:
+        for i, d in enumerate(dealers):
+            d.send(wire.encode(wire.Stats(i + 1)))
+        wait_until(lambda: len(responder.held) == 50, timeout=10, what="every client's frame kept")
+        for d in dealers:
+            d.close(0)
+        dealers = []
+        wait_until(lambda: not responder.held and not responder.held_since, timeout=10,
+                   what="the clients that left forgotten")
+        assert responder.held_bytes == 0 and responder.thread.is_alive()
+    finally:
+        for d in dealers:
+            d.close(0)
+        responder.close()
+
+
+def test_a_standby_copy_answered_not_leader_tries_again_at_once(tmp_path):
+    """A copy whose HELLO reaches a node that does not lead (a standby answering
+    ``not-leader``) ends that wait at once and tries again with backoff; it used to
+    wait for a WELCOME until REQUEST_TIMEOUT_S (30 s)."""
+    import threading
+
+    from zq.server.standby import NotLeader
+
+    endpoint = f"ipc://{tmp_path}/standby.sock"
+    other = NotLeader([endpoint], "tcp://127.0.0.1:9")  # vouches for a leader elsewhere
+    copy = Standby(endpoint, str(tmp_path / "copy"))
+    thread = threading.Thread(target=copy.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: "not-leader" in copy.state.error, timeout=10, what="the not-leader answer taken")
+        assert not copy.state.connected
+    finally:
+        copy.stop()
+        thread.join(10)
+        other.close()
+    assert not thread.is_alive()
+    assert copy.state.error.startswith("leader at")  # a stop is not an error: the last one said stays
 
 
 def test_snapshots_dropped_while_copying_still_count_until_their_files_are_gone(tmp_path):

@@ -209,3 +209,24 @@ def test_a_zk_client_bounced_between_a_standby_and_a_gone_leader_reads_zookeeper
         zk.delete(path, recursive=True)
         zk.stop()
         zk.close()
+
+
+
+def test_a_zk_address_where_no_zookeeper_answers_is_a_connection_error_not_a_crash():
+    """What a zk:// client gets when ZooKeeper is not there: ConnectionLost naming it,
+    within the 5 s connect wait (any kazoo failure becomes one: a client's I/O thread
+    must not die of it)."""
+    import socket
+
+    import pytest
+
+    from zq.client.session import Endpoints
+    from zq.core.errors import ConnectionLost
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ConnectionLost, match="no ZooKeeper answered"):
+        Endpoints(f"zk://127.0.0.1:{port}/zq/nobody")
+    assert time.monotonic() - started < 15

@@ -685,7 +685,7 @@ class Endpoints:
 
     Or a cluster's ZooKeeper (``"zk://10.0.0.9:2181/zq/orders"``): its nodes' endpoints
     are read from there, the leader first, and read again each time the list has been
-    tried through."""
+    tried through, or as many endpoints as it holds have failed (redirects included)."""
 
     def __init__(self, target: object) -> None:
         self.zookeeper = target if isinstance(target, str) and target.startswith(ZK_SCHEME) else None
@@ -759,15 +759,17 @@ def cluster_endpoints(target: str) -> list[object]:
     hosts, path = m.groups()
     try:
         from kazoo.client import KazooClient
-        from kazoo.exceptions import NoNodeError
+        from kazoo.exceptions import KazooException, NoNodeError
         from kazoo.handlers.threading import KazooTimeoutError
     except ImportError:  # kazoo comes with the cluster extra
         raise ConnectionLost("zk:// addresses need kazoo: pip install 'zq[cluster]'") from None
     zk = KazooClient(hosts=hosts, timeout=5.0)
     try:
-        zk.start(timeout=10)
-    except KazooTimeoutError:
-        raise ConnectionLost(f"no ZooKeeper answered at {hosts}") from None
+        zk.start(timeout=5)
+    except (KazooTimeoutError, KazooException, OSError) as exc:
+        zk.stop()  # (its connection thread would go on trying)
+        zk.close()
+        raise ConnectionLost(f"no ZooKeeper answered at {hosts} ({exc!r})") from None
     try:
         found: list[object] = []
         try:
@@ -782,6 +784,8 @@ def cluster_endpoints(target: str) -> list[object]:
                     found.append(ep)
         except (NoNodeError, msgspec.DecodeError, AttributeError):
             pass
+        except (KazooException, OSError) as exc:  # ZooKeeper lost mid-read: a client's I/O must not die of it
+            raise ConnectionLost(f"ZooKeeper at {hosts} failed while reading {path}: {exc!r}") from None
         if not found:
             raise ConnectionLost(f"no zq cluster at {target} (nothing under {path} in ZooKeeper)")
         return found

@@ -126,6 +126,7 @@ class NotLeader:
         self.held: list[tuple[bytes, bytes, str | None]] = []  # (peer, frame, its key) kept while no leader is vouched for
         self.held_bytes = 0
         self.held_since: dict[bytes, float] = {}  # peer -> when the oldest of its frames kept came
+        self.unreachable: set[bytes] = set()  # peers a send failed to in this pass (forgotten after it)
         self.hold_s = hold_ms / 1000
         self.sent_on = 0  # clients answered because they waited hold_ms with no leader vouched for
         self.dropped = 0  # frames not kept (over HELD_FRAMES_MAX or HELD_BYTES_MAX)
@@ -168,8 +169,9 @@ class NotLeader:
             elif not vouched and self.held and time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.heartbeat_s / 2
                 self.send_on_waited_out(time.monotonic())
-                for peer in list(self.held_since):  # keep them waiting: a leader is coming
+                for peer in self.held_since:  # keep them waiting: a leader is coming
                     self.send(peer, wire.HEARTBEAT_FRAME)
+            self.forget_unreachable()
             if not self.sock.poll(20 if not vouched else 50):
                 continue
             try:
@@ -196,29 +198,25 @@ class NotLeader:
         gone = {peer for peer, since in self.held_since.items() if now - since >= self.hold_s}
         if not gone:
             return
-        text = (f"this dispatcher is a standby and has known no leader for {self.hold_s:.0f}s: "
-                "try another endpoint of the cluster")
+        text = (f"this dispatcher is a standby and could name no leader to this client within "
+                f"{self.hold_s:.0f}s: try another endpoint of the cluster")
         for peer, frame, _ in self.held:
             if peer in gone:
-                try:
-                    cmd = wire.client_decoder.decode(frame)
-                except (ValueError, TypeError, RecursionError):
-                    cmd = None
-                self.send(peer, wire.encode(wire.Error(getattr(cmd, "req", 0) or 0, wire.NOT_LEADER, text)))
-        self.held = [h for h in self.held if h[0] not in gone]
-        self.held_bytes = sum(len(h[1]) for h in self.held)
-        for peer in gone:
-            self.held_since.pop(peer, None)
+                self.answer(peer, frame, text)
+        self.forget(gone)
         self.sent_on += len(gone)
 
-    def answer(self, peer: bytes, frame: bytes) -> None:
+    def answer(self, peer: bytes, frame: bytes, text: str | None = None) -> None:
+        """ERROR ``not-leader`` for one frame (none for HEARTBEAT and BYE): naming the
+        leader, or saying ``text``."""
         try:
             cmd = wire.client_decoder.decode(frame)
         except (ValueError, TypeError, RecursionError):  # msgspec's errors, and a str that is not UTF-8
             cmd = None
         if type(cmd) is wire.Heartbeat or type(cmd) is wire.Bye:
             return
-        text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{self.leader}"
+        if text is None:
+            text = f"this dispatcher is a standby, not the leader; {wire.LEADER_HINT}{self.leader}"
         if self.send(peer, wire.encode(wire.Error(getattr(cmd, "req", 0) or 0, wire.NOT_LEADER, text))):
             self.answered += 1
 
@@ -226,11 +224,21 @@ class NotLeader:
         try:
             self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
             return True
-        except zmq.ZMQError:  # gone, or not reading: nothing to tell it (and nothing more to keep)
-            self.held = [h for h in self.held if h[0] != peer]
-            self.held_bytes = sum(len(h[1]) for h in self.held)
-            self.held_since.pop(peer, None)
+        except zmq.ZMQError:  # gone, or not reading: nothing to tell it (and nothing more to keep, once the pass is over)
+            self.unreachable.add(peer)
             return False
+
+    def forget_unreachable(self) -> None:
+        if self.unreachable:
+            self.forget(self.unreachable)
+            self.unreachable = set()
+
+    def forget(self, peers: set[bytes]) -> None:
+        """Keep nothing more of these peers' (one pass over what is kept, however many)."""
+        self.held = [h for h in self.held if h[0] not in peers]
+        self.held_bytes = sum(len(h[1]) for h in self.held)
+        for peer in peers:
+            self.held_since.pop(peer, None)
 
     def hand_over(self) -> tuple[Router, list[tuple[bytes, bytes, str | None]]]:
         """Stop answering; give the socket (with what waits in it) and the frames kept,
@@ -280,6 +288,8 @@ class Standby:
                     self.round()
                     backoff = 0.1
                 except (TimeoutError, zmq.ZMQError) as exc:
+                    if self.stopping.is_set():
+                        break  # (told to stop: nothing failed)
                     self.state.connected, self.state.error = False, f"leader at {self.endpoint}: {exc}"
                     log.warning("standby: %s; retrying", self.state.error)
                     self.reset()
@@ -438,6 +448,8 @@ class Standby:
         sock.connect(self.endpoint)
         sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, f"zq standby {self.node}".strip())))
         welcome = self.expect(lambda m: type(m) is wire.Welcome)
+        if type(welcome) is wire.Error:  # not (or no longer) the leader: try again, as after silence
+            raise TimeoutError(f"{welcome.code}: {welcome.message}")
         if type(welcome) is wire.Welcome:
             self.state.leader_heartbeat_s = welcome.heartbeat_ms / 1000
         if self.epoch:
@@ -473,9 +485,9 @@ class Standby:
         while len(got) < len(reqs):
             msg = self.expect(lambda m: getattr(m, "req", None) in reqs)
             if type(msg) is wire.Error:
-                if msg.code in wire.SESSION_ENDING:
+                if msg.code in wire.SESSION_ENDING or msg.code == wire.NOT_LEADER:  # (no longer) the leader
                     self.reset()
-                    raise TimeoutError(f"session ended ({msg.message})")
+                    raise TimeoutError(f"session ended ({msg.code}: {msg.message})")
                 raise StandbyError(f"the leader refused: {msg.code}: {msg.message}")
             got[msg.req] = msg.data if type(msg) is wire.Reply else msg  # type: ignore[attr-defined]
         return [got[r] for r in reqs]
@@ -508,7 +520,8 @@ class Standby:
             except msgspec.MsgspecError as exc:
                 raise StandbyError(f"an undecodable frame from the leader: {exc}") from None
             self.state.heard_at = time.monotonic()
-            if wanted(msg) or (type(msg) is wire.Error and msg.code in wire.SESSION_ENDING):
+            if wanted(msg) or (type(msg) is wire.Error and (msg.code in wire.SESSION_ENDING
+                                                            or msg.code == wire.NOT_LEADER)):
                 return msg
             # heartbeats and anything else: the session is alive
 
