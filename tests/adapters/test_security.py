@@ -181,3 +181,32 @@ def test_the_cli_takes_keys_and_refuses_bad_ones_in_one_line(secured, tmp_path):
         out = zq_cli("keygen", name, "--dir", str(tmp_path))
         assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path.parent / "escape.key").exists()
+
+
+def test_a_zap_handler_started_right_after_another_stopped_waits_for_its_endpoint():
+    """One dispatcher with [security] closed and the next started in the same process:
+    the ZAP endpoint (one per ZeroMQ context) is released by libzmq's reaper thread,
+    later, once a peer has used it; the new handler's bind failed "Address already in
+    use" (seen in CI; 195 times in 300 here). It waits for it now; while another live
+    handler holds it, the error says so."""
+    import zmq
+
+    from zq.core.errors import ConfigError
+    from zq.server.security import start_authenticator
+
+    ctx = zmq.Context()
+    try:
+        for _ in range(100):
+            auth = start_authenticator(ctx)
+            peer = ctx.socket(zmq.REQ)  # as a CURVE server socket does, to ask the handler
+            peer.connect("inproc://zeromq.zap.01")
+            peer.close(0)
+            auth.stop()
+        held = start_authenticator(ctx)
+        try:
+            with pytest.raises(ConfigError, match="held by another dispatcher"):
+                start_authenticator(ctx)
+        finally:
+            held.stop()
+    finally:
+        ctx.term()
