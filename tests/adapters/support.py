@@ -58,14 +58,9 @@ def raw_session(endpoint: str, name: str = "raw", **options: int):  # type: igno
         sock.setsockopt(getattr(zmq, option), value)
     sock.connect(endpoint)
     sock.send(wire.encode(wire.Hello(wire.PROTOCOL_VERSION, name)))
-    # Heartbeats may come first: a cluster node that has just won keeps a HELLO (and
-    # heartbeats its sender) until its dispatcher takes the socket over and answers it.
-    deadline = time.monotonic() + 10
-    while True:
-        assert sock.poll(max(1, int((deadline - time.monotonic()) * 1000))), "no WELCOME"
-        first = wire.server_decoder.decode(sock.recv())
-        if type(first) is not wire.Heartbeat:
-            break
+    # (Heartbeats may come first: a cluster node that has just won keeps a HELLO, and
+    # heartbeats its sender, until its dispatcher takes the socket over and answers it.)
+    first = answer(sock)
     assert type(first) is wire.Welcome, first
     return sock
 

@@ -65,7 +65,6 @@ BOUNDS_WAITING_PER_PEER = 4  # a standby waits with one at a time
 
 TRANSACTIONS_PER_FRAME_MAX = 1024  # in one TXS (each costs the loop up to ~50 us, answered or refused)
 NEW_QUEUES_PER_FRAME_MAX = 16  # output topics no queue takes yet, in one TX or TXS: each would make a queue
-DERIVED_ID_PREFIX = transactions.DERIVED_PREFIX  # message ids the dispatcher gives transactions' outputs
 
 
 def check_output_ids(outputs: list[tuple[str, list[tuple[bytes, dict[str, str], str | None]]]]) -> None:
@@ -74,9 +73,9 @@ def check_output_ids(outputs: list[tuple[str, list[tuple[bytes, dict[str, str], 
     committed), by a key that may only publish to the topic."""
     for _, items in outputs:
         for _, _, msg_id in items:
-            if msg_id is not None and msg_id.startswith(DERIVED_ID_PREFIX):
-                raise ProtocolError(f"message ids starting {DERIVED_ID_PREFIX!r} are the dispatcher's (the ids it "
-                                    "derives for transactions' outputs)")
+            if msg_id is not None and msg_id.startswith(transactions.DERIVED_PREFIX):
+                raise ProtocolError(f"message ids starting {transactions.DERIVED_PREFIX!r} are the dispatcher's "
+                                    "(the ids it derives for transactions' outputs)")
 
 
 # Request -> (entitlement, the field naming what it touches). Admin ops are checked by name.

@@ -83,6 +83,9 @@ class StandbyState:
 
 HELD_FRAMES_MAX = 10_000  # frames a cluster standby keeps while no leader is known (beyond: dropped)
 HELD_BYTES_MAX = 64 << 20  # ... and their bytes (a frame may be 64 MiB: 10,000 of them would be 640 GiB)
+# ERRORs that end a copy's session (it tries again, with backoff): the session is gone, or
+# the node no longer leads (it stepped down, or never led).
+COPY_ENDING = (*wire.SESSION_ENDING, wire.NOT_LEADER)
 HOLD_MIN_MS = 5000  # a client is kept waiting at least this long (an election takes the session timeout and a bit)
 
 
@@ -485,7 +488,7 @@ class Standby:
         while len(got) < len(reqs):
             msg = self.expect(lambda m: getattr(m, "req", None) in reqs)
             if type(msg) is wire.Error:
-                if msg.code in wire.SESSION_ENDING or msg.code == wire.NOT_LEADER:  # (no longer) the leader
+                if msg.code in COPY_ENDING:
                     self.reset()
                     raise TimeoutError(f"session ended ({msg.code}: {msg.message})")
                 raise StandbyError(f"the leader refused: {msg.code}: {msg.message}")
@@ -520,8 +523,7 @@ class Standby:
             except msgspec.MsgspecError as exc:
                 raise StandbyError(f"an undecodable frame from the leader: {exc}") from None
             self.state.heard_at = time.monotonic()
-            if wanted(msg) or (type(msg) is wire.Error and (msg.code in wire.SESSION_ENDING
-                                                            or msg.code == wire.NOT_LEADER)):
+            if wanted(msg) or (type(msg) is wire.Error and msg.code in COPY_ENDING):
                 return msg
             # heartbeats and anything else: the session is alive
 
