@@ -203,11 +203,11 @@ class NotLeader:
             return
         text = (f"this dispatcher is a standby and could name no leader to this client within "
                 f"{self.hold_s:.0f}s: try another endpoint of the cluster")
-        for peer, frame, _ in self.held:
-            if peer in gone:
-                self.answer(peer, frame, text)
-        self.forget(gone)
+        answers = [(peer, frame) for peer, frame, _ in self.held if peer in gone]
+        self.forget(gone)  # (first: a client answered finds nothing more of it kept, and it counted)
         self.sent_on += len(gone)
+        for peer, frame in answers:
+            self.answer(peer, frame, text)
 
     def answer(self, peer: bytes, frame: bytes, text: str | None = None) -> None:
         """ERROR ``not-leader`` for one frame (none for HEARTBEAT and BYE): naming the
