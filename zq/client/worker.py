@@ -43,9 +43,7 @@ from zq import wire
 from zq.client.messages import Message, MessageStream, cancel_messages, count_verdicts
 from zq.client.reclaim import Unstarted, reclaim_mode
 from zq.client.session import (
-    EVENTS,
     NOBLOCK,
-    POLLIN,
     CLOSE_LINGER_MS,
     ConnectionLost,
     Endpoints,
@@ -61,6 +59,7 @@ from zq.client.session import (
     connect_error,
     error_from,
     open_session,
+    readable,
     results_by_bookmark,
     send_settles,
     session_answer,
@@ -468,7 +467,7 @@ class Worker(MessageStream):
         wait = hb / 2 if deadline is None else min(hb / 2, max(0.0, deadline - now))
         if self._poller.poll(int(wait * 1000) if wait > 0 else 0):
             decode = wire.server_decoder.decode
-            while sock.getsockopt(EVENTS) & POLLIN:
+            while readable(sock):
                 try:
                     frame = sock.recv(NOBLOCK)
                 except zmq.Again:
