@@ -53,6 +53,42 @@ def redis_latency(secs: float) -> list[dict]:
     return [peers.latency(secs)]
 
 
+def latency_rows(secs: float) -> list[dict]:
+    """zq's latency rows beside the raw relay's (the ZeroMQ floor of these processes,
+    paced alike: ``bench.floors``) and Redis Streams', in one invocation; each zq tcp row's
+    p50 judged against the relay's."""
+    from bench import e2e, floors
+
+    relay = {**floors.relay(secs), "system": "raw pyzmq relay", "transport": "tcp loopback"}
+    rows = [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
+        e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
+        e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
+        e2e.embedded_latency(secs), e2e.embedded_latency(secs, clients="direct")]
+    floor = relay["publish_to_worker_us"]["p50"]
+    for row in rows:
+        if row.get("transport") == "tcp loopback" and floor:
+            row["p50_of_relay"] = round(row["publish_to_worker_us"]["p50"] / floor, 2)
+    return [relay, *rows, *redis_latency(secs)]
+
+
+def peers_rows(n: int) -> list[dict]:
+    """The standard workload on the raw relay (the ceiling of these Python clients), zq
+    with each kind of client, and the peers, in one invocation; each zq row judged
+    against Redis Streams' and the relay's rows of the same invocation."""
+    from bench import ceiling, e2e, peers
+
+    relay = {**ceiling.throughput(n), "scenario": "peers"}
+    zq_rows = [{"system": "zq (batch), lean clients", **e2e.throughput(n, mode="publisher-many")},
+               {"system": "zq (batch), zq.connect", **e2e.throughput(n, mode="many", consumer="client-batches")}]
+    zq_rows += [{"system": f"zq ({d})", **e2e.throughput(n, durability=d)} for d in ("batch", "fsync")]
+    others = [peers.run(system, n) for system in peers.CONFIRMS]
+    redis = next(r for r in others if r["system"] == "redis-streams")
+    for row in zq_rows:
+        row["of_redis"] = round(row["e2e_msgs_per_s"] / redis["e2e_msgs_per_s"], 3)
+        row["of_relay"] = round(row["e2e_msgs_per_s"] / relay["e2e_msgs_per_s"], 3)
+    return [relay, *zq_rows, *others]
+
+
 def machine() -> dict:
     cpu = "unknown"
     try:
@@ -167,11 +203,7 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
         return [e2e.throughput(n, durability=d) for d in ("batch", "fsync")] + [
             e2e.throughput(n, durability="batch", consumer=c) for c in ("client", "client-batches")]
     if scenario == "latency":
-        secs = 1.0 if quick else 10.0
-        return [e2e.latency(secs, durability=d) for d in ("batch", "fsync")] + [
-            e2e.latency(secs, durability="batch", publisher="paced-publisher")] + [
-            e2e.latency(secs, durability="batch", consumer="client"), e2e.embedded_latency(secs, clients="client"),
-            e2e.embedded_latency(secs), e2e.embedded_latency(secs, clients="direct")] + redis_latency(secs)
+        return latency_rows(1.0 if quick else 10.0)
     if scenario == "transactions":
         # A pipeline stage's cost: the standard workload, one output per input, settled as a
         # plain ack (no output), publish-then-ack, one commit per batch, one per message;
@@ -206,9 +238,7 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
     from bench import peers, scale
 
     if scenario == "peers":
-        n = 3_000 if quick else 100_000
-        rows = [{"system": f"zq ({d})", **e2e.throughput(n, durability=d)} for d in ("batch", "fsync")]
-        return rows + [peers.run(system, n) for system in peers.CONFIRMS]
+        return peers_rows(3_000 if quick else 100_000)
 
     if scenario == "memory":
         if quick:

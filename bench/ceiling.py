@@ -27,7 +27,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from bench.e2e import child_env, free_port
+from bench.e2e import child_env, cpu_seconds, free_port, server_cpu
 
 SIZE = 128
 _COUNT = struct.Struct(">I")
@@ -40,6 +40,7 @@ def relay(endpoint: str, n: int, workers: int) -> None:
     sock = ctx.socket(zmq.ROUTER)
     sock.bind(endpoint)
     waiting: deque[bytes] = deque()
+    cpu_ready = time.process_time()
     credit: dict[bytes, int] = {}
     acked = 0
     poller = zmq.Poller()
@@ -66,12 +67,13 @@ def relay(endpoint: str, n: int, workers: int) -> None:
                 credit[peer] = _COUNT.unpack(frame[1:5])[0]
                 if len(credit) == workers:
                     print(json.dumps({"ready": True}), flush=True)  # the harness starts the producer now
+                    cpu_ready = time.process_time()
         for peer, free in credit.items():
             if free and waiting:
                 k = min(free, len(waiting))
                 sock.send_multipart([peer, b"D" + b"".join(waiting.popleft() for _ in range(k))])
                 credit[peer] = free - k
-    print(json.dumps({"acked": acked}), flush=True)
+    print(json.dumps({"acked": acked, "cpu_s": time.process_time() - cpu_ready}), flush=True)
     sock.close(0)
     ctx.term()
 
@@ -84,7 +86,7 @@ def producer(endpoint: str, n: int) -> None:
     sock.connect(endpoint)
     payload = b"x" * SIZE
     window, sent, confirmed = 1024, 0, 0
-    first = time.time_ns()
+    first, cpu = time.time_ns(), time.process_time()
     while confirmed < n:
         while sent < n and sent - confirmed < window:
             k = min(64, n - sent, window - (sent - confirmed))
@@ -94,7 +96,8 @@ def producer(endpoint: str, n: int) -> None:
         confirmed += _COUNT.unpack(frame[1:5])[0]
         while sock.poll(0):
             confirmed += _COUNT.unpack(sock.recv()[1:5])[0]
-    print(json.dumps({"first_ns": first, "last_confirm_ns": time.time_ns()}), flush=True)
+    print(json.dumps({"first_ns": first, "last_confirm_ns": time.time_ns(), "cpu_s": time.process_time() - cpu}),
+          flush=True)
     sock.close(0)
     ctx.term()
 
@@ -136,12 +139,15 @@ def throughput(n: int, workers: int = 4, backlog: int = 16) -> dict:
         ready = relay_proc.stdout.readline()  # every worker subscribed (zq's bench waits for them too)
         if "ready" not in ready:
             raise RuntimeError(f"ceiling relay did not see {workers} workers: {ready!r}")
+        workers_before = sum(cpu_seconds(p.pid) for p in procs)
         prod = subprocess.run([*me, "producer", endpoint, str(n)], check=False, env=env, capture_output=True, text=True, timeout=600)
         if prod.returncode:
             raise RuntimeError(prod.stderr)
         relay_out, _ = relay_proc.communicate(timeout=600)  # it exits once every message is acked
-        if json.loads(relay_out)["acked"] < n:
+        relay_report = json.loads(relay_out)
+        if relay_report["acked"] < n:
             raise RuntimeError(f"ceiling relay saw {relay_out.strip()} of {n}")
+        workers_cpu = sum(cpu_seconds(p.pid) for p in procs) - workers_before
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -156,6 +162,9 @@ def throughput(n: int, workers: int = 4, backlog: int = 16) -> dict:
     return {"scenario": "ceiling", "system": "raw pyzmq relay", "messages": n, "workers": workers, "backlog": backlog,
             "e2e_msgs_per_s": round(e2e),
             "confirmed_msgs_per_s": round(n / ((first["last_confirm_ns"] - first["first_ns"]) / 1e9)),
+            **server_cpu(n, relay_report["cpu_s"]),
+            "workers_cpu_us_per_msg": round(workers_cpu / n * 1e6, 2),
+            "producer_cpu_us_per_msg": round(first["cpu_s"] / n * 1e6, 2),
             "worker_shares": [r["count"] for r in reports]}
 
 

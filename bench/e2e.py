@@ -171,9 +171,11 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack, cluster)
     try:
         cpu_before = cpu_seconds(fleet.server.pid)
+        workers_before = sum(cpu_seconds(w.pid) for w in fleet.workers)
         prod = run_producer(fleet.endpoint, n, mode, groups, 0)
         fleet.wait_acked(n, timeout=600)
         cpu = cpu_seconds(fleet.server.pid) - cpu_before
+        workers_cpu = sum(cpu_seconds(w.pid) for w in fleet.workers) - workers_before
         reports = fleet.reports()
     finally:
         fleet.close()
@@ -182,15 +184,26 @@ def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: 
     confirmed = n / ((prod["last_confirm_ns"] - prod["first_ns"]) / 1e9)
     return {
         "scenario": "throughput", "messages": n, "durability": durability, "workers": workers, "backlog": backlog,
-        "publish": mode, "groups": groups, "group_policy": group_policy if groups else None,
+        "publish": mode, "producer": PRODUCERS[mode], "groups": groups, "group_policy": group_policy if groups else None,
         "consumer": CONSUMERS[consumer], "replicas_ack": replicas_ack,
         **({"cluster": f"{1 + max(replicas_ack, 1)} nodes, ZooKeeper"} if cluster else {}),
         "e2e_msgs_per_s": round(e2e), "confirmed_msgs_per_s": round(confirmed),
         **server_cpu(n, cpu),
+        # The clients' CPU per message (the workers' processes, all threads; the producer's
+        # while publishing): with the server's, what the two cores are spent on.
+        "workers_cpu_us_per_msg": round(workers_cpu / n * 1e6, 2),
+        "producer_cpu_us_per_msg": round(prod["cpu_s"] / n * 1e6, 2),
         "worker_shares": [r["count"] for r in reports],
     }
 
 
+PRODUCER_CHUNK = 1024  # a publish_many call's messages (what Redis's producer pipelines: bench.peers)
+PRODUCERS = {
+    "async": "zq.Client, publish_async a message",
+    "batch64": "zq.Client, publish_many_async, frames of 64",
+    "publisher-many": "zq.Publisher, publish_many of 1,024",
+    "many": "zq.Client (zq.connect), publish_many of 1,024",
+}
 PUBLISHERS = {
     "paced": "zq.Client, publish_async",
     "paced-publisher": "zq.Publisher (single-threaded), publish",
@@ -357,9 +370,22 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
             last = time.time_ns()
         print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
         return
+    if mode == "publisher-many":  # the lean publisher: single-threaded, 1,024 messages a call
+        from zq.client.publisher import Publisher
+
+        with Publisher(endpoint, name="bench-producer") as p:
+            first, cpu = time.time_ns(), time.process_time()
+            for i in range(0, n, PRODUCER_CHUNK):
+                p.publish_many(QUEUE, [payload] * min(PRODUCER_CHUNK, n - i), timeout=600)
+            last, cpu = time.time_ns(), time.process_time() - cpu
+        print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us, "cpu_s": cpu}))
+        return
     with Client(endpoint, name="bench-producer", window=16 * 64) as c:
-        first = time.time_ns()
-        if mode == "async":
+        first, cpu = time.time_ns(), time.process_time()
+        if mode == "many":  # zq.connect's client, 1,024 messages a call
+            for i in range(0, n, PRODUCER_CHUNK):
+                c.publish_many(QUEUE, [payload] * min(PRODUCER_CHUNK, n - i), timeout=600)
+        elif mode == "async":
             futures = [c.publish_async(QUEUE, payload, group=f"g{i % groups}" if groups else None) for i in range(n)]
             for f in futures:
                 f.result(600)
@@ -373,8 +399,8 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
                 f.result(600)
         elif mode == "paced":
             publish_paced(c, n, rate, confirm_us)
-        last = time.time_ns()
-    print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
+        last, cpu = time.time_ns(), time.process_time() - cpu
+    print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us, "cpu_s": cpu}))
 
 
 def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:  # type: ignore[no-untyped-def]
