@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.e2e import child_env, free_port, percentiles, publish_times
+from bench.e2e import child_env, free_port, percentiles, publish_times, server_cpu
 
 SIZE = 128
 
@@ -63,6 +63,7 @@ def relay_main(endpoint: str, n: int, workers: int) -> None:
         if frame == b"W":
             peers.append(peer)
     print("ready", flush=True)
+    cpu = time.process_time()
     acked = turn = 0
     while acked < n:
         if not sock.poll(60_000):
@@ -76,6 +77,7 @@ def relay_main(endpoint: str, n: int, workers: int) -> None:
         turn = (turn + 1) % workers
     for p in peers:
         sock.send_multipart([p, b"Q"])
+    print(json.dumps({"cpu_s": time.process_time() - cpu}), flush=True)  # what relaying cost, as a dispatcher's CPU
 
 
 def worker_main(endpoint: str) -> None:
@@ -166,7 +168,7 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
                 raise RuntimeError(f"floors relay confirmed {len(confirm_us)} of {n}")
             confirm_us.append(since_us(sock.recv()))
         deliver_us = [x for p in procs for x in json.loads(p.communicate(timeout=60)[0])]
-        relay_proc.wait(60)
+        relay_cpu = json.loads(relay_proc.communicate(timeout=60)[0])["cpu_s"]
     finally:
         sock.close()
         for p in [relay_proc, *procs]:
@@ -174,7 +176,7 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
                 p.kill()
     return {"case": "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes", "rate": rate,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us)}
+            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu)}
 
 
 def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
@@ -241,7 +243,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
     shutil.rmtree(tmp, ignore_errors=True)
     return {"case": "zq serve (batch) with raw ZQP/1 sockets as publisher and 4 workers, tcp loopback", "rate": rate,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us)}
+            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu)}
 
 
 def echo(seconds: float, rate: float, transport: str) -> dict:
