@@ -1,0 +1,82 @@
+"""What a client learns from its session's monitor, asked without a raised zmq.Again
+(``zq.client.session.readable``, ``watch``): a connection that drops is seen, a frame
+waiting is seen, and a monitor closed under the client counts as a drop, never an error."""
+
+import time
+
+import zmq
+
+from zq.client.session import close_session_socket, open_session_socket, readable, session_dropped, watch
+
+
+def test_readable_says_whether_a_frame_waits_and_raises_once_the_socket_is_closed():
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://readable")
+        b.connect("inproc://readable")
+        assert readable(a) is False
+        b.send(b"x")
+        deadline = time.monotonic() + 5
+        while not readable(a) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert readable(a) is True and a.recv() == b"x"
+        assert readable(a) is False
+        a.close(0)
+        try:
+            readable(a)
+        except zmq.ZMQError:
+            pass
+        else:
+            raise AssertionError("a closed socket said something (or nothing) instead of raising")
+    finally:
+        b.close(0)
+        ctx.term()
+
+
+def test_readable_asks_an_in_process_link_through_its_own_getsockopt():
+    class Link:  # (an embedded dispatcher's link: zq.server.local, not a pyzmq socket)
+        def __init__(self, waiting: bool) -> None:
+            self.waiting = waiting
+
+        def getsockopt(self, option: int) -> int:
+            assert option == zmq.EVENTS
+            return zmq.POLLIN if self.waiting else 0
+
+    assert readable(Link(True)) is True and readable(Link(False)) is False
+
+
+def test_watch_sees_the_connection_drop_when_the_dispatcher_side_closes(tmp_path):
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:*")
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    sock = open_session_socket(ctx, endpoint, "watched")
+    try:
+        assert router.poll(5000), "no HELLO reached the ROUTER"
+        router.recv_multipart()
+        deadline = time.monotonic() + 5
+        while not watch(sock).connected and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.005)
+        assert watch(sock).connected and not session_dropped(sock)  # type: ignore[union-attr]
+        router.close(0)
+        deadline = time.monotonic() + 5
+        while not session_dropped(sock) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert session_dropped(sock), "the connection's drop was not seen within 5 s"
+    finally:
+        close_session_socket(sock)
+        ctx.term()
+
+
+def test_a_monitor_closed_under_the_client_counts_as_a_drop_not_an_error():
+    ctx = zmq.Context()
+    sock = open_session_socket(ctx, "tcp://127.0.0.1:9", "orphaned")  # (nothing listens there)
+    try:
+        sock.zq_monitor.close(0)  # type: ignore[union-attr]
+        state = watch(sock)
+        assert state is not None and state.dropped
+        assert session_dropped(sock)
+    finally:
+        close_session_socket(sock)
+        ctx.term()
