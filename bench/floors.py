@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.e2e import child_env, free_port, percentiles, publish_times, server_cpu
+from bench.e2e import child_env, cpu_seconds, free_port, percentiles, publish_times, server_cpu
 
 SIZE = 128
 
@@ -215,6 +215,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
             raise RuntimeError("no WELCOME")
         sock.recv()
         confirm_us = []
+        cpu_before = cpu_seconds(server.pid)
         for i in publish_times(n, rate):
             sent = time.time_ns()
             sock.send(wire.encode(wire.Publish(i + 1, "floors", [(stamped(), {}, None)])))
@@ -231,6 +232,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
                 if time.monotonic() > deadline:
                     raise RuntimeError("not every message acked")
                 time.sleep(0.05)
+        server_cpu_s = cpu_seconds(server.pid) - cpu_before  # (with a few STATS and the wait's heartbeats)
     finally:
         sock.close()
         for p in procs:
@@ -243,7 +245,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
     shutil.rmtree(tmp, ignore_errors=True)
     return {"case": "zq serve (batch) with raw ZQP/1 sockets as publisher and 4 workers, tcp loopback", "rate": rate,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu)}
+            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, server_cpu_s)}
 
 
 def echo(seconds: float, rate: float, transport: str) -> dict:

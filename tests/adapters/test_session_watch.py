@@ -6,7 +6,15 @@ import time
 
 import zmq
 
-from zq.client.session import close_session_socket, open_session_socket, readable, session_dropped, watch
+from zq import wire
+from zq.client.session import (
+    close_session_socket,
+    open_session_socket,
+    readable,
+    send_settles,
+    session_dropped,
+    watch,
+)
 
 
 def test_readable_says_whether_a_frame_waits_and_raises_once_the_socket_is_closed():
@@ -73,6 +81,9 @@ def test_a_monitor_closed_under_the_client_counts_as_a_drop_not_an_error():
     ctx = zmq.Context()
     sock = open_session_socket(ctx, "tcp://127.0.0.1:9", "orphaned")  # (nothing listens there)
     try:
+        # As the context's end closes it: the socket's monitoring off first (libzmq would
+        # otherwise block its I/O thread on an event for the closed PAIR), then the PAIR.
+        sock.monitor(None, 0)
         sock.zq_monitor.close(0)  # type: ignore[union-attr]
         state = watch(sock)
         assert state is not None and state.dropped
@@ -80,3 +91,32 @@ def test_a_monitor_closed_under_the_client_counts_as_a_drop_not_an_error():
     finally:
         close_session_socket(sock)
         ctx.term()
+
+
+class Sent:
+    """A socket that keeps what is sent on it (``send_settles`` only sends)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+def settle_frames(settles: list[tuple[str, int, int]]) -> tuple[bool, list[tuple[str, list[int], list[int]]]]:
+    sock = Sent()
+    sent = send_settles(sock, "w", settles)  # type: ignore[arg-type]
+    out = []
+    for frame in sock.frames:
+        cmd = wire.client_decoder.decode(frame)
+        assert cmd.sub == "w"  # type: ignore[attr-defined]
+        out.append((type(cmd).__name__, list(cmd.bookmarks), list(cmd.epochs)))  # type: ignore[attr-defined]
+    return sent, out
+
+
+def test_settles_of_one_op_leave_as_one_frame_and_mixed_ops_as_one_frame_per_op_in_order():
+    assert settle_frames([]) == (False, [])
+    assert settle_frames([("ack", 5, 1), ("ack", 3, 2), ("ack", 9, 1)]) == (True, [("Ack", [5, 3, 9], [1, 2, 1])])
+    sent, frames = settle_frames([("ack", 5, 1), ("cancel", 6, 3), ("ack", 7, 1), ("expire", 8, 2), ("cancel", 4, 1)])
+    assert sent and frames == [("Ack", [5, 7], [1, 1]), ("Cancel", [6, 4], [3, 1]), ("Expire", [8], [2])]
+    assert settle_frames([("cancel", 1, 1)]) == (True, [("Cancel", [1], [1])])
