@@ -120,3 +120,26 @@ def test_settles_of_one_op_leave_as_one_frame_and_mixed_ops_as_one_frame_per_op_
     sent, frames = settle_frames([("ack", 5, 1), ("cancel", 6, 3), ("ack", 7, 1), ("expire", 8, 2), ("cancel", 4, 1)])
     assert sent and frames == [("Ack", [5, 7], [1, 1]), ("Cancel", [6, 4], [3, 1]), ("Expire", [8], [2])]
     assert settle_frames([("cancel", 1, 1)]) == (True, [("Cancel", [1], [1])])
+
+
+def test_a_session_opened_on_a_zmq_asyncio_context_is_still_read_without_futures():
+    """A user may hand the clients a ``zmq.asyncio.Context`` (``context=``): the session's
+    sockets are plain ones all the same (the monitor's read once gave a Future, and
+    ``watch`` raised TypeError)."""
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER, socket_class=zmq.Socket)
+    router.bind("tcp://127.0.0.1:*")
+    sock = open_session_socket(ctx, router.getsockopt_string(zmq.LAST_ENDPOINT), "on asyncio")
+    try:
+        assert router.poll(5000), "no HELLO reached the ROUTER"
+        router.recv_multipart()
+        router.close(0)
+        deadline = time.monotonic() + 5
+        while not session_dropped(sock) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert session_dropped(sock), "the connection's drop was not seen within 5 s"
+    finally:
+        close_session_socket(sock)
+        ctx.term()

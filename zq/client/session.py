@@ -203,7 +203,7 @@ def open_session_socket(ctx: zmq.Context, endpoint: str, name: str,
         sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         address = f"inproc://zq-session-monitor-{os.getpid()}-{next(_monitors)}"
         sock.monitor(address, MONITORED)
-        mon = ctx.socket(zmq.PAIR)
+        mon = ctx.socket(zmq.PAIR, socket_class=zmq.Socket)  # (a plain one from a zmq.asyncio context too)
         sock.zq_monitor = mon  # (before anything else can fail: closed with the socket)
         mon.setsockopt(zmq.LINGER, 0)
         mon.setsockopt(zmq.RCVHWM, 0)
