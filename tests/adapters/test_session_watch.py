@@ -54,7 +54,15 @@ def test_readable_asks_an_in_process_link_through_its_own_getsockopt():
     assert readable(Link(True)) is True and readable(Link(False)) is False
 
 
-def test_watch_sees_the_connection_drop_when_the_dispatcher_side_closes(tmp_path):
+def drop_seen(sock: object, within_s: float = 5.0) -> bool:
+    """Does the session's monitor tell of the drop within ``within_s``?"""
+    deadline = time.monotonic() + within_s
+    while not session_dropped(sock) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return session_dropped(sock)
+
+
+def test_watch_sees_the_connection_drop_when_the_dispatcher_side_closes():
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind("tcp://127.0.0.1:*")
@@ -68,10 +76,7 @@ def test_watch_sees_the_connection_drop_when_the_dispatcher_side_closes(tmp_path
             time.sleep(0.005)
         assert watch(sock).connected and not session_dropped(sock)  # type: ignore[union-attr]
         router.close(0)
-        deadline = time.monotonic() + 5
-        while not session_dropped(sock) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert session_dropped(sock), "the connection's drop was not seen within 5 s"
+        assert drop_seen(sock), "the connection's drop was not seen within 5 s"
     finally:
         close_session_socket(sock)
         ctx.term()
@@ -136,10 +141,7 @@ def test_a_session_opened_on_a_zmq_asyncio_context_is_still_read_without_futures
         assert router.poll(5000), "no HELLO reached the ROUTER"
         router.recv_multipart()
         router.close(0)
-        deadline = time.monotonic() + 5
-        while not session_dropped(sock) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert session_dropped(sock), "the connection's drop was not seen within 5 s"
+        assert drop_seen(sock), "the connection's drop was not seen within 5 s"
     finally:
         close_session_socket(sock)
         ctx.term()
