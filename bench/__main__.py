@@ -1,10 +1,12 @@
 """zq benchmarks: ``python -m bench run SCENARIO [--quick]`` prints a table and writes JSON.
 
-Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency, peak,
+Scenarios: engine-memory, engine-throughput (the pure core), throughput, latency (the
+relay floor first, each tcp row's p50 ÷ the relay's), peak,
 groups (a real `zq serve` with worker processes over tcp loopback), memory (heap and
-RSS per queued message), recovery (start-up time from a big journal), peers (zq, Redis
-Streams, NATS JetStream, RabbitMQ classic and quorum on the same workload, in one
-invocation; `--repeat N` interleaves them round by round), filters (what an expression
+RSS per queued message), recovery (start-up time from a big journal), peers (the raw
+relay, zq with each kind of client, Redis Streams, NATS JetStream, RabbitMQ classic and
+quorum on the same workload, in one invocation, each zq row ÷ Redis and ÷ the relay, with
+every process's CPU per message; `--repeat N` interleaves them round by round), filters (what an expression
 costs per message), claims (a claim's round trip, a long poll's wake-up), kinds (a
 10-level priority queue next to a FIFO: memory per message and engine throughput),
 ceiling (a raw pyzmq relay on the standard workload, next to zq: zq / ceiling), floors

@@ -358,49 +358,47 @@ def producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> None
 
     payload = b"x" * 128
     confirm_us: list[float] = []
-    if mode == "paced-publisher":
-        from zq.client.publisher import Publisher
-
-        with Publisher(endpoint, name="bench-producer") as p:
-            first = time.time_ns()
-            for _ in publish_times(n, rate):
-                sent = time.time_ns()
-                p.publish(QUEUE, sent.to_bytes(8, "big") + payload[8:])
-                confirm_us.append((time.time_ns() - sent) / 1000)
-            last = time.time_ns()
-        print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us}))
-        return
-    if mode == "publisher-many":  # the lean publisher: single-threaded, 1,024 messages a call
+    if mode in ("paced-publisher", "publisher-many"):  # the lean publisher: single-threaded
         from zq.client.publisher import Publisher
 
         with Publisher(endpoint, name="bench-producer") as p:
             first, cpu = time.time_ns(), time.process_time()
-            for i in range(0, n, PRODUCER_CHUNK):
-                p.publish_many(QUEUE, [payload] * min(PRODUCER_CHUNK, n - i), timeout=600)
+            if mode == "publisher-many":
+                publish_chunks(p, n, payload)
+            else:
+                for _ in publish_times(n, rate):
+                    sent = time.time_ns()
+                    p.publish(QUEUE, sent.to_bytes(8, "big") + payload[8:])
+                    confirm_us.append((time.time_ns() - sent) / 1000)
             last, cpu = time.time_ns(), time.process_time() - cpu
-        print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us, "cpu_s": cpu}))
-        return
-    with Client(endpoint, name="bench-producer", window=16 * 64) as c:
-        first, cpu = time.time_ns(), time.process_time()
-        if mode == "many":  # zq.connect's client, 1,024 messages a call
-            for i in range(0, n, PRODUCER_CHUNK):
-                c.publish_many(QUEUE, [payload] * min(PRODUCER_CHUNK, n - i), timeout=600)
-        elif mode == "async":
-            futures = [c.publish_async(QUEUE, payload, group=f"g{i % groups}" if groups else None) for i in range(n)]
-            for f in futures:
-                f.result(600)
-        elif mode == "batch64":
-            pending = []
-            for i in range(0, n, 64):
-                pending += c.publish_many_async(QUEUE, [payload] * min(64, n - i))
-                if len(pending) > 16:
-                    pending.pop(0).result(600)
-            for f in pending:
-                f.result(600)
-        elif mode == "paced":
-            publish_paced(c, n, rate, confirm_us)
-        last, cpu = time.time_ns(), time.process_time() - cpu
+    else:
+        with Client(endpoint, name="bench-producer", window=16 * 64) as c:
+            first, cpu = time.time_ns(), time.process_time()
+            if mode == "many":  # zq.connect's client
+                publish_chunks(c, n, payload)
+            elif mode == "async":
+                futures = [c.publish_async(QUEUE, payload, group=f"g{i % groups}" if groups else None) for i in range(n)]
+                for f in futures:
+                    f.result(600)
+            elif mode == "batch64":
+                pending = []
+                for i in range(0, n, 64):
+                    pending += c.publish_many_async(QUEUE, [payload] * min(64, n - i))
+                    if len(pending) > 16:
+                        pending.pop(0).result(600)
+                for f in pending:
+                    f.result(600)
+            elif mode == "paced":
+                publish_paced(c, n, rate, confirm_us)
+            last, cpu = time.time_ns(), time.process_time() - cpu
     print(json.dumps({"first_ns": first, "last_confirm_ns": last, "confirm_us": confirm_us, "cpu_s": cpu}))
+
+
+def publish_chunks(client, n: int, payload: bytes) -> None:  # type: ignore[no-untyped-def]
+    """``n`` messages, ``PRODUCER_CHUNK`` a ``publish_many`` call (each waits for its
+    confirmations): ``zq.Publisher`` and ``zq.Client`` alike."""
+    for i in range(0, n, PRODUCER_CHUNK):
+        client.publish_many(QUEUE, [payload] * min(PRODUCER_CHUNK, n - i), timeout=600)
 
 
 def publish_paced(client, n: int, rate: float, confirm_us: list[float]) -> None:  # type: ignore[no-untyped-def]
