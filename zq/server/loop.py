@@ -563,7 +563,7 @@ class Server(Commands, Stats):
                 return  # commit and send what we have; the rest is read next iteration
             # Asked, not read until zmq.Again: at a low rate every iteration ended in that
             # exception, ~5% of the loop thread's CPU (issue #34; zq.client.session.readable).
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # (EVENTS: an int)
                 return
             try:
                 peer_id = sock.recv(_NOBLOCK)
