@@ -17,7 +17,9 @@ against this tree's, interleaved: what a change cost), reclaim (short jobs behin
 one with prefetch, plain and reclaimable, interleaved), replication (the standard
 workload with replicas_ack = 1 and a `zq standby` against 0, interleaved), transactions
 (a pipeline stage: one output per input, as a plain ack, publish-then-ack, one commit
-per batch, one per message not waited for, and one per message waited for),
+per batch, one per message not waited for, and one per message waited for), loop-cost
+(the dispatcher loop thread's CPU per iteration, step by step, at the standard workload
+and at 2,000 msg/s, beside the journal's commit alone),
 cluster-replication (the same on an elected cluster of two nodes and a ZooKeeper), failover (an
 elected cluster of three with a real ZooKeeper: the leader SIGKILLed again and again,
 the time to the first delivery by the new leader), faults (a long seeded run of leader
@@ -40,7 +42,7 @@ RESULTS = Path(__file__).parent / "results"  # tracked: the figures the docs cit
 RUNS = Path(__file__).parent / "runs"  # every other run (git-ignored)
 SCENARIOS = ("engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory", "recovery", "peers",
              "filters", "claims", "spark", "kinds", "ceiling", "floors", "idle-queues", "build", "engine-vs", "reclaim",
-             "replication", "cluster-replication", "failover", "faults", "abuse", "transactions")
+             "replication", "cluster-replication", "failover", "faults", "abuse", "transactions", "loop-cost")
 
 
 def redis_latency(secs: float) -> list[dict]:
@@ -220,6 +222,10 @@ def run(scenario: str, quick: bool, ref: str = "HEAD") -> list[dict]:
         from bench import queues
 
         return queues.run(quick)
+    if scenario == "loop-cost":
+        from bench import loopcost
+
+        return loopcost.run(quick)
     if scenario == "floors":
         from bench import floors
 

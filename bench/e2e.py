@@ -58,10 +58,12 @@ class Fleet:
     """A `zq serve` and N worker processes; workers report on SIGTERM.
 
     ``cluster``: instead, an elected cluster of ``1 + max(replicas_ack, 1)`` nodes and a
-    ZooKeeper (zq.testing), the workers and producer on its leader."""
+    ZooKeeper (zq.testing), the workers and producer on its leader. ``serve_module``: the
+    module run as ``python -m MODULE serve ...`` (bench.loopcost's counting one)."""
 
     def __init__(self, workers: int, backlog: int, durability: str, groups: int = 0, consumer: str = "worker",
-                 group_policy: str = "sequenced", replicas_ack: int = 0, cluster: bool = False) -> None:
+                 group_policy: str = "sequenced", replicas_ack: int = 0, cluster: bool = False,
+                 serve_module: str = "zq.cli") -> None:
         self.tmp = tempfile.mkdtemp(prefix="zq-bench-")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.zookeeper = self.cluster = None
@@ -85,7 +87,7 @@ class Fleet:
                                                      f'standby_secret = "{BENCH_STANDBY_SECRET}"\n')
                 extra = ["--config", f"{self.tmp}/zq.toml"]
             self.server = subprocess.Popen(
-                [sys.executable, "-m", "zq.cli", "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
+                [sys.executable, "-m", serve_module, "serve", "--data", f"{self.tmp}/journal", "--bind", self.endpoint,
                  "--durability", durability, *extra], env=child_env(), stderr=subprocess.DEVNULL,
             )
             self.standbys = [
@@ -167,8 +169,8 @@ def run_producer(endpoint: str, n: int, mode: str, groups: int, rate: float) -> 
 
 def throughput(n: int, *, durability: str = "batch", workers: int = 4, backlog: int = 16, mode: str = "async", groups: int = 0,
                consumer: str = "worker", group_policy: str = "sequenced", replicas_ack: int = 0,
-               cluster: bool = False) -> dict:
-    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack, cluster)
+               cluster: bool = False, serve_module: str = "zq.cli") -> dict:
+    fleet = Fleet(workers, backlog, durability, groups, consumer, group_policy, replicas_ack, cluster, serve_module)
     try:
         cpu_before = cpu_seconds(fleet.server.pid)
         workers_before = sum(cpu_seconds(w.pid) for w in fleet.workers)
@@ -211,9 +213,9 @@ PUBLISHERS = {
 
 
 def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", workers: int = 4, backlog: int = 16,
-            consumer: str = "worker", publisher: str = "paced") -> dict:
+            consumer: str = "worker", publisher: str = "paced", serve_module: str = "zq.cli") -> dict:
     n = int(seconds * rate)
-    fleet = Fleet(workers, backlog, durability, consumer=consumer)
+    fleet = Fleet(workers, backlog, durability, consumer=consumer, serve_module=serve_module)
     try:
         cpu_before = cpu_seconds(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, publisher, 0, rate)

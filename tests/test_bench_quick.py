@@ -6,12 +6,13 @@ import shutil
 import pytest
 
 from bench.__main__ import main
+from bench.loopcost import COUNTED
 
 
 @pytest.mark.parametrize("scenario", ["engine-memory", "engine-throughput", "throughput", "latency", "peak", "groups", "memory",
                                       "recovery", "peers", "filters", "claims", "kinds", "ceiling", "floors",
                                       "idle-queues", "build", "engine-vs", "reclaim", "replication", "cluster-replication",
-                                      "failover", "faults"])
+                                      "failover", "faults", "loop-cost"])
 def test_quick_bench_runs_and_writes_complete_results(scenario, tmp_path, capsys, monkeypatch):
     if scenario == "engine-vs":
         monkeypatch.setenv("ZQ_PURE", "1")  # HEAD's copy installs interpreted: no minute of mypyc in the suite
@@ -48,6 +49,17 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
                 assert set(row[key]) == {"p50", "p99", "p99.9"} and all(v > 0 for v in row[key].values()), row
             if scenario == "latency" and row.get("transport") == "tcp loopback" and "consumer" in row:
                 assert row["server_cpu_us_per_msg"] > 0, row  # what each message costs the dispatcher at that rate
+            continue
+        if scenario == "loop-cost":  # the loop's steps counted in a real `zq serve`, or the commit alone
+            if "steps" in row:
+                assert row["iterations"] > 0 and row["messages_per_iteration"] > 0, row
+                assert set(row["steps"]) == {label for _, _, label in COUNTED}, row  # every counter ran
+                whole = row["steps"]["iteration (after poll)"]["us_per_iteration"]
+                for step in row["steps"].values():
+                    assert step["us_per_iteration"] > 0 and step["calls_per_iteration"] > 0, row
+                assert row["steps"]["commit and sends"]["us_per_iteration"] <= whole, row  # a part of the iteration
+            else:
+                assert row["us_per_commit"] > 0 and row["us_per_message"] > 0, row
             continue
         if scenario == "idle-queues":  # a step's cost, or the latency beside idle queues
             figures = [row["us_per_step"]] if "us_per_step" in row else list(row["publish_to_worker_us"].values())

@@ -3,8 +3,9 @@
 One loop iteration (ANCHORS rule 3):
 
 1. ``poll`` once (the timeout is the engine's next deadline or the next heartbeat);
-2. ``recv(NOBLOCK)`` until nothing is left, at most ``FRAMES_PER_ITERATION``, feeding
-   each frame to the engine; replies are *held*;
+2. read every frame waiting (asked with ``getsockopt(EVENTS)`` before each ``recv``), at
+   most ``FRAMES_PER_ITERATION`` and the time and byte budgets, feeding each frame to
+   the engine; replies are *held*;
 3. ``advance`` and ``drain`` the engine; append its records and commit once;
 4. only then send the held replies (publish confirmations) and the deliveries.
 
