@@ -8,10 +8,11 @@ runs. A row gives each step's µs of CPU per iteration and per message, and its 
 per iteration. The counters cost about 0.6 µs a call (two clock reads), so the total is a
 little above the loop's own cost; compare steps within a row, and rows with each other.
 
-Beside them, the journal's commit alone (``LmdbJournal.append`` + ``commit`` of what one
-iteration of the standard workload stages: 32 messages and an event; and of one message
-and one event, the low rate's), in a warm loop: what the commit costs without the other
-processes on the two cores.
+Beside them, the journal's commit alone (``LmdbJournal.append`` + ``commit``: 32 messages
+and an event, about what an iteration of the standard workload stages (it stages ~33
+and ~4 events); and one message and one event, the low rate's), in a warm loop and never
+reaching the once-a-second sync: roughly what a commit costs without the other processes
+on the two cores.
 
 ``python -m bench.loopcost serve ...`` is the counting server (``zq serve``'s arguments);
 it writes its counters as JSON to ``$ZQ_LOOPCOST_OUT`` when it exits.
