@@ -398,6 +398,11 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
             assert c.publish("jobs", b"first") > 0
             cfg.write_text("not toml at all [")  # a broken file: the rules stay
             os.kill(proc.pid, signal.SIGHUP)
+            # (a publish answered does not mean the signal was handled: wait for the loop to say so,
+            # or the rewrite below can land first and both signals read the good file)
+            wait_until(lambda: c.stats()["server"]["security"]["reload_failed"] >= 1, timeout=20, interval=0.05,
+                       what="the SIGHUP with a broken file counted as a failed reload")
+            assert c.stats()["server"]["security"]["reloads"] == 1
             assert c.publish("jobs", b"second", timeout=10) > 0
             write(["other.*"])
             os.kill(proc.pid, signal.SIGHUP)
@@ -411,7 +416,8 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
                 return False
 
             wait_until(narrowed, timeout=20, interval=0.1, what="bob's publish to jobs refused after the reload")
-            assert c.stats()["server"]["security"]["sessions_ended"] >= 1
+            security = c.stats()["server"]["security"]
+            assert security["sessions_ended"] >= 1 and security["reloads"] == 2 and security["reload_failed"] == 1
             assert c.publish("other.x", b"fine", timeout=10) > 0
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -250,9 +250,11 @@ class Server(Commands, Stats):
         try:
             section = self.rules_source()
         except ZqError as exc:
+            self.security.reload_failed += 1
             log.error("SIGHUP: %s; the entitlements stay as they were", exc)
             return
         if section is None:
+            self.security.reload_failed += 1
             log.error("SIGHUP: the config has no [security] now; the entitlements stay as they were "
                       "(security cannot be turned off while serving)")
             return
@@ -1125,6 +1127,7 @@ class Server(Commands, Stats):
         if self.security is not None:
             if self.reload_requested:
                 self.reload_requested = False
+                self.security.reloads += 1
                 self.reread_rules()
                 self.security.reload()
                 self.recheck_sessions(now)

@@ -216,6 +216,8 @@ class Security:
         self.key_mismatch = 0  # frames whose key is not the one their session was opened with
         self.sessions_ended = 0  # sessions ended by a reload: key no longer allowed, or rights shrank
         self.hello_refused = 0  # HELLOs from a connected key that is no longer allowed
+        self.reloads = 0  # SIGHUPs handled (the allowlist and, with a config file, the entitlements)
+        self.reload_failed = 0  # SIGHUPs whose config file did not read: the entitlements stayed
         self.monitor: zmq.Socket | None = None
         self.allow_stamp: tuple = ()
         self.reload()
@@ -282,7 +284,8 @@ class Security:
     def stats(self) -> dict[str, Any]:
         return {"on": True, "refused": self.refused, "allowed_keys": len(self.auth.certs.get(ZAP_DOMAIN, {})),
                 "server_key": self.public.decode(), "key_mismatch": self.key_mismatch,
-                "sessions_ended": self.sessions_ended, "hello_refused": self.hello_refused}
+                "sessions_ended": self.sessions_ended, "hello_refused": self.hello_refused,
+                "reloads": self.reloads, "reload_failed": self.reload_failed}
 
     def close(self) -> None:
         if self.monitor is not None:
