@@ -141,3 +141,29 @@ def test_a_worker_reconnects_after_the_dispatcher_is_killed(tmp_path):
         # restart may come twice: its ack went nowhere. At-least-once, as documented.)
     finally:
         server.terminate()
+
+
+def test_a_wait_that_times_out_sleeps_to_its_end_rather_than_spinning(dispatcher):
+    """The last fraction of a millisecond before ``get``'s deadline was once polled with a
+    zero timeout, again and again: every idle wait ended in a spin of up to 1 ms, which on
+    two cores took a core from everyone else (issue #34's latency tail)."""
+    with zq.Worker(dispatcher.endpoint, "idle", max_backlog=4) as w:
+        polls = []
+        real = w._poller
+
+        class Counting:
+            def poll(self, timeout: int) -> list:
+                polls.append(timeout)
+                return real.poll(timeout)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+        w._poller = Counting()
+        for _ in range(10):
+            started = time.monotonic()
+            assert w.get(timeout=0.03) is None
+            assert time.monotonic() - started >= 0.03
+    # Each wait: one poll to its deadline, and at most a couple more if the poll's own
+    # clock ends it a hair early (before: about 120 a wait, nearly all of them zero).
+    assert len(polls) <= 30, f"{len(polls)} polls for 10 waits (zero timeouts: {polls.count(0)})"

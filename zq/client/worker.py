@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -465,7 +466,11 @@ class Worker(MessageStream):
             if self._sock is not sock:  # lost meanwhile: a new session is open
                 return
         wait = hb / 2 if deadline is None else min(hb / 2, max(0.0, deadline - now))
-        if self._poller.poll(int(wait * 1000) if wait > 0 else 0):
+        # Rounded up: the last fraction of a millisecond before a deadline was poll(0),
+        # again and again, a spin of up to 1 ms at the end of every wait that timed out.
+        # Idle workers in a get(timeout) loop held a core that way 0.5% of the time
+        # each, and on two cores that was much of the latency tail (#34).
+        if self._poller.poll(math.ceil(wait * 1000)):
             decode = wire.server_decoder.decode
             while readable(sock):
                 try:

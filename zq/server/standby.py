@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -510,7 +511,7 @@ class Standby:
             if self.stopping.is_set():
                 raise TimeoutError("stopped")
             left = deadline - time.monotonic()
-            ready = dict(poller.poll(int(min(left, 0.1) * 1000))) if left > 0 else {}
+            ready = dict(poller.poll(math.ceil(min(left, 0.1) * 1000))) if left > 0 else {}  # (up: no spin)
             if self.dropped():
                 self.state.connected = False
                 raise TimeoutError("its connection dropped")
