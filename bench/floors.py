@@ -9,6 +9,9 @@ zq cannot either.
   relay process (ROUTER), which confirms it to the producer and forwards it to one of
   4 worker processes in turn; each worker acks every frame. publish -> worker and
   publish -> confirm, as zq's latency rows.
+* ``relay`` with ``commit``: the same, the relay storing each publish in LMDB (one
+  put and its commit, zq's environment flags) before it confirms and forwards it: the
+  floor of any dispatcher that journals before it sends, as zq does.
 * ``tcp-echo``: a DEALER's round trip to a ROUTER echo in another process, over tcp.
 * ``inproc-echo``: the same between two threads of one process over inproc://.
 * ``thread-handoff``: one Python thread handing a timestamp to another through a
@@ -50,11 +53,14 @@ def since_us(frame: bytes) -> float:
 # ---------------------------------------------------------------- processes
 
 
-def relay_main(endpoint: str, n: int, workers: int) -> None:
+def relay_main(endpoint: str, n: int, workers: int, journal: str = "") -> None:
     """ROUTER: W frames from workers say hello, A frames ack; anything else is a
-    publish, confirmed and forwarded to the next worker in turn."""
+    publish, confirmed and forwarded to the next worker in turn. ``journal``: a
+    directory; each publish is first stored there, one LMDB write transaction per
+    message, before it is confirmed or forwarded (``journal_writer``)."""
     import zmq
 
+    put_and_commit = journal_writer(journal) if journal else None
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
     peers: list[bytes] = []
@@ -72,12 +78,40 @@ def relay_main(endpoint: str, n: int, workers: int) -> None:
         if frame == b"A":
             acked += 1
             continue
+        if put_and_commit is not None:
+            put_and_commit(frame)
         sock.send_multipart([peer, frame[:8]])  # the confirm carries the send time back
         sock.send_multipart([peers[turn], frame])
         turn = (turn + 1) % workers
     for p in peers:
         sock.send_multipart([p, b"Q"])
-    print(json.dumps({"cpu_s": time.process_time() - cpu}), flush=True)  # what relaying cost, as a dispatcher's CPU
+    stored = put_and_commit.stored() if put_and_commit is not None else 0  # type: ignore[attr-defined]
+    print(json.dumps({"cpu_s": time.process_time() - cpu, "stored": stored}), flush=True)  # what relaying cost, as a dispatcher's CPU
+
+
+def journal_writer(path: str):  # type: ignore[no-untyped-def]
+    """The least any journal of zq's kind does per message: one put (append, a
+    big-endian u64 key) and its commit, in an environment opened as zq's journal opens
+    its own (no sync at commit, no writemap), with no record encoding, no CRC, no
+    second tree and no once-a-second sync."""
+    import lmdb
+
+    env = lmdb.open(path, map_size=1 << 30, max_dbs=5, sync=False, metasync=False, writemap=False, lock=True)
+    db = env.open_db(b"msgs")
+    seq = 0
+
+    def put_and_commit(frame: bytes) -> None:
+        nonlocal seq
+        seq += 1
+        with env.begin(write=True, db=db) as txn:
+            txn.put(seq.to_bytes(8, "big"), frame, append=True)
+
+    def stored() -> int:  # read back from the file: the row shows it
+        with env.begin(db=db) as txn:
+            return int(txn.stat(db)["entries"])
+
+    put_and_commit.stored = stored  # type: ignore[attr-defined]
+    return put_and_commit
 
 
 def worker_main(endpoint: str) -> None:
@@ -143,14 +177,22 @@ def echo_main(endpoint: str) -> None:
 # -------------------------------------------------------------------- cases
 
 
-def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
+def relay(seconds: float, rate: float = 2000, workers: int = 4, commit: bool = False) -> dict:
+    """``commit``: the relay stores each publish in LMDB (``journal_writer``) before it
+    confirms and forwards it, as zq commits before it sends (DESIGN: "feed the engine,
+    commit once, then send everything"): the floor of any dispatcher that journals
+    before delivering, in these processes."""
+    import shutil
+    import tempfile
+
     import zmq
 
     n = int(seconds * rate)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     me = [sys.executable, "-m", "bench.floors"]
-    relay_proc = subprocess.Popen([*me, "relay", endpoint, str(n), str(workers)], env=child_env(), stdout=subprocess.PIPE,
-                                  text=True)
+    tmp = tempfile.mkdtemp(prefix="zq-floors-relay-") if commit else ""
+    relay_proc = subprocess.Popen([*me, "relay", endpoint, str(n), str(workers), *([f"{tmp}/journal"] if commit else [])],
+                                  env=child_env(), stdout=subprocess.PIPE, text=True)
     procs = [subprocess.Popen([*me, "worker", endpoint], env=child_env(), stdout=subprocess.PIPE, text=True)
              for _ in range(workers)]
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -168,13 +210,21 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
                 raise RuntimeError(f"floors relay confirmed {len(confirm_us)} of {n}")
             confirm_us.append(since_us(sock.recv()))
         deliver_us = [x for p in procs for x in json.loads(p.communicate(timeout=60)[0])]
-        relay_cpu = json.loads(relay_proc.communicate(timeout=60)[0])["cpu_s"]
+        relayed = json.loads(relay_proc.communicate(timeout=60)[0])
+        relay_cpu = relayed["cpu_s"]
     finally:
         sock.close()
         for p in [relay_proc, *procs]:
             if p.poll() is None:
                 p.kill()
-    return {"case": "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes", "rate": rate,
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    case = "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes"
+    extra = {}
+    if commit:
+        case += ", each publish committed to LMDB (one put, one transaction) before it is confirmed and forwarded"
+        extra = {"stored": relayed["stored"]}
+    return {"case": case, "rate": rate, **extra,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
             "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu)}
 
@@ -344,14 +394,14 @@ def direct_step(seconds: float, rate: float) -> dict:
 
 
 def floors(seconds: float, rate: float = 2000) -> list[dict]:
-    return [relay(seconds, rate), zq_raw_clients(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc"),
+    return [relay(seconds, rate), relay(seconds, rate, commit=True), zq_raw_clients(seconds, rate), echo(seconds, rate, "tcp"), echo(seconds, rate, "inproc"),
             thread_handoff(seconds, rate), direct_step(seconds, rate)]
 
 
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "relay":
-        relay_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        relay_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
     elif role == "worker":
         worker_main(sys.argv[2])
     elif role == "zqp-worker":

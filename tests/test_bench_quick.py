@@ -42,11 +42,15 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
     assert doc["results"], "no rows"
     for row in doc["results"]:
         assert row["scenario"] == scenario
+        if scenario == "floors" and row is doc["results"][-1]:
+            assert any("stored" in r for r in doc["results"]), doc["results"]  # the journaling relay ran
         if scenario in ("latency", "floors"):
             keys = [k for k in row if k.endswith("_us")]
             assert keys, row
             for key in keys:
                 assert set(row[key]) == {"p50", "p99", "p99.9"} and all(v > 0 for v in row[key].values()), row
+            if "stored" in row:  # the relay that journals: every message it relayed is in its LMDB file
+                assert row["stored"] == row["messages"] > 0, row
             if scenario == "latency" and row.get("transport") == "tcp loopback" and "consumer" in row:
                 assert row["server_cpu_us_per_msg"] > 0, row  # what each message costs the dispatcher at that rate
             continue
