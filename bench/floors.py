@@ -222,7 +222,8 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4, commit: bool = F
     case = "raw pyzmq relay, tcp loopback, 1 producer + relay + 4 worker processes"
     extra = {}
     if commit:
-        case += ", each publish committed to LMDB (one put, one transaction) before it is confirmed and forwarded"
+        case = ("raw pyzmq relay + an LMDB commit per message (one put, one transaction, before it is confirmed "
+                "and forwarded), tcp loopback, 1 producer + relay + 4 worker processes")
         extra = {"stored": relayed["stored"]}
     return {"case": case, "rate": rate, **extra,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
