@@ -326,6 +326,19 @@ def test_bad_config_keys_are_refused_naming_the_key(tmp_path, toml, words):
         Config.load(path)
 
 
+def test_a_config_file_that_cannot_be_read_is_a_config_error_not_a_crash(tmp_path):
+    """``zq serve -c`` at start, and every SIGHUP after, read it through ``Config.load``."""
+    from zq.core.errors import ConfigError
+    from zq.server.config import Config
+
+    cut = tmp_path / "cut.toml"
+    cut.write_bytes(b"[server]\n# caf\xc3")  # saved in mid-character: not UTF-8
+    with pytest.raises(ConfigError, match="cannot be read"):
+        Config.load(cut)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        Config.load(tmp_path)  # a directory
+
+
 def test_a_client_can_settle_only_what_was_leased_to_its_own_subscriptions(server, peer):
     """Subscription ids are per connection: another connection naming the same id, or
     acking the bookmark on its own subscription, touches nothing of the owner's."""

@@ -242,6 +242,44 @@ def test_a_reload_ends_sessions_whose_key_was_removed(secured):
         alice.close()
 
 
+def test_a_file_in_the_allowlist_that_is_not_a_key_is_skipped_and_the_removals_still_take_effect(secured):
+    """pyzmq's own loader gives up on the whole directory at the first bad file and keeps
+    the old keys: one half-copied file undid every revocation, silently."""
+    d, keys = secured
+    alice = Raw(d.endpoint, keys, "alice")
+    try:
+        assert type(alice.hello("alice")) is wire.Welcome
+        (keys["allowed"] / keys["alice"][0].name).unlink()  # revoked ...
+        (keys["allowed"] / "half-copied.key").write_text("metadata\ncurve\n    public-key = \"tooshort\"\n")
+        (keys["allowed"] / "binary.key").write_bytes(b"\xff\xfe\x00 not a certificate")
+        (keys["allowed"] / "overflow.key").write_text("curve\n    public-key = \"" + "#" * 40 + "\"\n")
+        d.server.request_reload()  # type: ignore[union-attr]  (what SIGHUP does)
+        reqs = iter(range(2, 1000))
+        wait_until(lambda: no_session_soon(alice, next(reqs)), timeout=5, interval=0.1,
+                   what="the removed key's session to end despite the bad files beside it")
+        refused = alice.hello("alice")
+        assert type(refused) is wire.Error and "no longer allowed" in refused.message, refused  # type: ignore[attr-defined]
+        with client(d, keys, "bob") as c:  # the good files still read
+            security = c.stats()["server"]["security"]
+            assert security["allowlist_errors"] == 1 and security["allowed_keys"] == 3, security
+    finally:
+        alice.close()
+
+
+def test_an_allowlist_directory_that_cannot_be_read_keeps_the_keys_as_they_were(secured):
+    d, keys = secured
+    moved = keys["dir"] / "allowed-elsewhere"
+    keys["allowed"].rename(moved)  # an operator's mistake: the directory is gone
+    try:
+        d.server.request_reload()  # type: ignore[union-attr]
+        with client(d, keys, "bob") as c:  # still allowed: every key stays as it was
+            security = c.stats()["server"]["security"]
+            # (>= 1: the heartbeat's own look at the directory may have read it first)
+            assert security["allowlist_errors"] >= 1 and security["allowed_keys"] == 4, security
+    finally:
+        moved.rename(keys["allowed"])
+
+
 def test_a_reload_ends_sessions_whose_entitlements_shrank(secured):
     d, keys = secured
     bob = Raw(d.endpoint, keys, "bob")
@@ -404,6 +442,11 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
                        what="the SIGHUP with a broken file counted as a failed reload")
             assert c.stats()["server"]["security"]["reloads"] == 1
             assert c.publish("jobs", b"second", timeout=10) > 0
+            cfg.write_bytes(b"# caf\xc3")  # cut in mid-character (not UTF-8): once a crash of the dispatcher
+            os.kill(proc.pid, signal.SIGHUP)
+            wait_until(lambda: c.stats()["server"]["security"]["reload_failed"] >= 2, timeout=20, interval=0.05,
+                       what="the SIGHUP with a file that is not UTF-8 counted as a failed reload")
+            assert c.publish("jobs", b"still served", timeout=10) > 0
             write(["other.*"])
             os.kill(proc.pid, signal.SIGHUP)
             def narrowed() -> bool:
@@ -417,12 +460,13 @@ def test_sighup_reads_the_entitlements_from_the_config_file_again(keys):
 
             wait_until(narrowed, timeout=20, interval=0.1, what="bob's publish to jobs refused after the reload")
             security = c.stats()["server"]["security"]
-            assert security["sessions_ended"] >= 1 and security["reloads"] == 2 and security["reload_failed"] == 1
+            assert security["sessions_ended"] >= 1 and security["reloads"] == 3 and security["reload_failed"] == 2
             assert c.publish("other.x", b"fine", timeout=10) > 0
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
-    assert "Traceback" not in err and "the entitlements stay as they were" in err, err[-2000:]
+    assert "Traceback" not in err and err.count("the entitlements stay as they were") == 2, err[-2000:]
+    assert "cannot be read" in err, err[-2000:]  # the second failure names its cause
 
 
 # ------------------------------------------------------------ (7) quotas per key

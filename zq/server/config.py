@@ -271,6 +271,8 @@ class Config(msgspec.Struct, kw_only=True):
             raise ConfigError(f"config file {path} not found") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        except (OSError, UnicodeError) as exc:  # a directory, no permission, a file cut in mid-character
+            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
         return cls.from_dict(raw, source=str(path))
 
     @classmethod

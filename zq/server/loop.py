@@ -253,11 +253,19 @@ class Server(Commands, Stats):
             self.security.reload_failed += 1
             log.error("SIGHUP: %s; the entitlements stay as they were", exc)
             return
+        except Exception:  # (an operator's signal must never stop the dispatcher)
+            self.security.reload_failed += 1
+            log.exception("SIGHUP: the config file could not be read again; the entitlements stay as they were")
+            return
         if section is None:
             self.security.reload_failed += 1
             log.error("SIGHUP: the config has no [security] now; the entitlements stay as they were "
                       "(security cannot be turned off while serving)")
             return
+        running = self.security.section
+        if section.allow != running.allow or section.secret_key != running.secret_key:
+            log.warning("SIGHUP: [security] allow or secret_key changed in the config file: they take effect at the "
+                        "next start; the entitlements are read again now")
         self.security.set_rules(section)
         log.info("SIGHUP: entitlements read again (%d keys with rules of their own)", len(section.client))
 

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.auth
+from zmq.utils import z85
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
@@ -177,6 +178,16 @@ class _LoggingAuthenticator(ThreadAuthenticator):
 ZAP_BIND_WAIT_S = 2.0  # how long a new ZAP handler waits for the last one's endpoint to be released
 
 
+def is_public_key(text: bytes | None) -> bool:
+    """A CURVE public key as certificates write it: 40 characters of Z85, 32 bytes."""
+    if not text or len(text) != 40:
+        return False
+    try:
+        return len(z85.decode(text)) == 32
+    except Exception:  # (z85.decode: KeyError outside its alphabet, struct.error past 2**32, ValueError ...)
+        return False
+
+
 def start_authenticator(ctx: zmq.Context) -> _LoggingAuthenticator:
     """The context's ZAP handler, started. Its endpoint (``inproc://zeromq.zap.01``) is
     one per context, and a handler stopped just before (a dispatcher closed, another
@@ -218,6 +229,7 @@ class Security:
         self.hello_refused = 0  # HELLOs from a connected key that is no longer allowed
         self.reloads = 0  # SIGHUPs handled (the allowlist and, with a config file, the entitlements)
         self.reload_failed = 0  # SIGHUPs whose config file did not read: the entitlements stayed
+        self.allowlist_errors = 0  # allowlist reads that skipped a file that is not a key, or could not read the directory
         self.monitor: zmq.Socket | None = None
         self.allow_stamp: tuple = ()
         self.reload()
@@ -254,8 +266,42 @@ class Security:
         """Read the allowlist again (also on SIGHUP). The loop then ends the sessions
         whose key lost its rights (``Server.recheck_sessions``)."""
         self.allow_stamp = self.stamp()
-        self.auth.configure_curve(domain=ZAP_DOMAIN, location=self.section.allow)
+        keys = self.read_allowlist()
+        if keys is not None:
+            self.auth.allow_any = False
+            self.auth.certs[ZAP_DOMAIN] = keys  # (one assignment: the ZAP thread reads it)
         log.info("allowlist %s: %d keys", self.section.allow, len(self.auth.certs.get(ZAP_DOMAIN, {})))
+
+    def read_allowlist(self) -> dict[bytes, bool] | None:
+        """The allowlist's public keys (its ``*.key`` files), one file at a time. pyzmq's
+        ``configure_curve`` gives up on the whole directory at the first file that is not
+        a key, and keeps the keys it had: one half-copied file then undid every removal.
+        Here such a file is skipped and named (``allowlist_errors``), and the rest take
+        effect; a directory that cannot be read at all keeps the keys as they were."""
+        where = self.section.allow
+        try:
+            names = sorted(e.name for e in os.scandir(where) if e.name.endswith(".key") and not e.name.startswith("."))
+        except OSError as exc:
+            self.allowlist_errors += 1
+            log.error("allowlist %s cannot be read (%s): the allowed keys stay as they were", where, exc)
+            return None
+        keys: dict[bytes, bool] = {}
+        skipped: list[str] = []
+        for name in names:
+            try:
+                public, _ = zmq.auth.load_certificate(os.path.join(where, name))
+            except Exception as exc:  # (any file can land there: say which, and go on)
+                skipped.append(f"{name} ({str(exc)[:200]})")
+                continue
+            if is_public_key(public):
+                keys[public] = True
+            else:
+                skipped.append(f"{name} (no 40-character Z85 public key in it)")
+        if skipped:
+            self.allowlist_errors += 1
+            log.error("allowlist %s: %d file(s) skipped, not CURVE public key certificates (their keys are not "
+                      "allowed): %s", where, len(skipped), "; ".join(skipped[:20]))
+        return keys
 
     def reload_if_changed(self) -> bool:
         if self.stamp() != self.allow_stamp:
@@ -285,7 +331,8 @@ class Security:
         return {"on": True, "refused": self.refused, "allowed_keys": len(self.auth.certs.get(ZAP_DOMAIN, {})),
                 "server_key": self.public.decode(), "key_mismatch": self.key_mismatch,
                 "sessions_ended": self.sessions_ended, "hello_refused": self.hello_refused,
-                "reloads": self.reloads, "reload_failed": self.reload_failed}
+                "reloads": self.reloads, "reload_failed": self.reload_failed,
+                "allowlist_errors": self.allowlist_errors}
 
     def close(self) -> None:
         if self.monitor is not None:
