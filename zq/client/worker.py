@@ -188,8 +188,10 @@ class Worker(MessageStream):
     # ---------------------------------------------------------------- API
 
     def get(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None when ``timeout`` seconds pass without one. Settles
-        made so far leave before it waits: the credit they free brings the next ones."""
+        """The next message, or None when ``timeout`` seconds pass without one (kept to
+        within about a millisecond: the socket's wait counts whole milliseconds, rounded
+        up). Settles made so far leave before it waits: the credit they free brings the
+        next ones."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             while not self._local:
