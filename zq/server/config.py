@@ -266,7 +266,7 @@ class Config(msgspec.Struct, kw_only=True):
     @classmethod
     def load(cls, path: str | Path) -> "Config":
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # (TOML is UTF-8, whatever the locale)
         except FileNotFoundError:
             raise ConfigError(f"config file {path} not found") from None
         except tomllib.TOMLDecodeError as exc:

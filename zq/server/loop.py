@@ -264,9 +264,14 @@ class Server(Commands, Stats):
             return
         running = self.security.section
         if section.allow != running.allow or section.secret_key != running.secret_key:
-            log.warning("SIGHUP: [security] allow or secret_key changed in the config file: they take effect at the "
-                        "next start; the entitlements are read again now")
-        self.security.set_rules(section)
+            log.warning("SIGHUP: [security] allow or secret_key is another path in the config file now: that takes "
+                        "effect at the next start; the entitlements are read again now")
+        try:
+            self.security.set_rules(section)
+        except Exception:  # (a key file that changed under us since the check: the rules stay)
+            self.security.reload_failed += 1
+            log.exception("SIGHUP: the entitlements could not be applied; they stay as they were")
+            return
         log.info("SIGHUP: entitlements read again (%d keys with rules of their own)", len(section.client))
 
     def request_reload(self) -> None:

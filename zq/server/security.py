@@ -117,7 +117,9 @@ class SecuritySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 def check_section(sec: SecuritySection, base: Path) -> SecuritySection:
     """Resolve paths against the config file's directory and check them now, at start."""
     secret = str((base / sec.secret_key).resolve())
-    allow = str((base / sec.allow).resolve())
+    # Absolute, its links kept: an allowlist swapped by its link (``ln -sfn v2 current``)
+    # is read where the link points at each reload, not where it pointed at start.
+    allow = os.path.normpath(os.path.join(base, sec.allow))
     try:
         public, secret_key = zmq.auth.load_certificate(secret)
     except (OSError, ValueError) as exc:
@@ -178,6 +180,26 @@ class _LoggingAuthenticator(ThreadAuthenticator):
 ZAP_BIND_WAIT_S = 2.0  # how long a new ZAP handler waits for the last one's endpoint to be released
 
 
+CERTIFICATE_BYTES_MAX = 64 * 1024  # a public key certificate is a few hundred bytes
+
+
+def is_key_name(name: str) -> bool:
+    """An allowlist file read for a key: ``*.key``, not hidden (as pyzmq's glob, so no
+    ``.key_secret`` file and no editor's or copier's hidden temporary)."""
+    return name.endswith(".key") and not name.startswith(".")
+
+
+def entry_stamp(entry: os.DirEntry) -> tuple[int, int]:
+    """What a change of this allowlist entry changes: its target's time and size (a
+    link swapped to a new file counts), or the link's own when it leads nowhere (a
+    dangling link must not hide every later change of the directory)."""
+    try:
+        st = entry.stat()
+    except OSError:
+        st = entry.stat(follow_symlinks=False)
+    return st.st_mtime_ns, st.st_size
+
+
 def is_public_key(text: bytes | None) -> bool:
     """A CURVE public key as certificates write it: 40 characters of Z85, 32 bytes."""
     if not text or len(text) != 40:
@@ -230,6 +252,7 @@ class Security:
         self.reloads = 0  # SIGHUPs handled (the allowlist and, with a config file, the entitlements)
         self.reload_failed = 0  # SIGHUPs whose config file did not read: the entitlements stayed
         self.allowlist_errors = 0  # allowlist reads that skipped a file that is not a key, or could not read the directory
+        self.skipped: list[str] = []  # the files the last read skipped (logged when that changes)
         self.monitor: zmq.Socket | None = None
         self.allow_stamp: tuple = ()
         self.reload()
@@ -256,11 +279,14 @@ class Security:
             log.warning("refused a connection: %s", kind)
 
     def stamp(self) -> tuple:
+        """What a change of the allowlist changes: its key files' names, times and sizes
+        (other files coming and going read nothing again); a directory that cannot be
+        read stamps apart from an empty one, so that either change is read."""
         d = self.section.allow
         try:
-            return tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(d)))
-        except OSError:
-            return ()
+            return tuple(sorted((e.name, *entry_stamp(e)) for e in os.scandir(d) if is_key_name(e.name)))
+        except OSError as exc:
+            return ("(unreadable)", exc.errno or 0)
 
     def reload(self) -> None:
         """Read the allowlist again (also on SIGHUP). The loop then ends the sessions
@@ -279,28 +305,46 @@ class Security:
         Here such a file is skipped and named (``allowlist_errors``), and the rest take
         effect; a directory that cannot be read at all keeps the keys as they were."""
         where = self.section.allow
+        skipped: list[str] = []
+        names: list[str] = []
         try:
-            names = sorted(e.name for e in os.scandir(where) if e.name.endswith(".key") and not e.name.startswith("."))
+            for entry in os.scandir(where):
+                if not is_key_name(entry.name):
+                    continue
+                # Only regular files of a certificate's size are opened: a FIFO would block the
+                # loop for good, and a huge file would be read at every change of the directory.
+                try:
+                    regular, size = entry.is_file(), entry.stat().st_size
+                except OSError as exc:  # (a dangling link; a file removed meanwhile)
+                    skipped.append(f"{entry.name!r} ({exc.strerror})")
+                    continue
+                if not regular:
+                    skipped.append(f"{entry.name!r} (not a regular file)")
+                elif size > CERTIFICATE_BYTES_MAX:
+                    skipped.append(f"{entry.name!r} (over {CERTIFICATE_BYTES_MAX:,} bytes)")
+                else:
+                    names.append(entry.name)
         except OSError as exc:
             self.allowlist_errors += 1
             log.error("allowlist %s cannot be read (%s): the allowed keys stay as they were", where, exc)
             return None
         keys: dict[bytes, bool] = {}
-        skipped: list[str] = []
-        for name in names:
+        for name in sorted(names):
             try:
                 public, _ = zmq.auth.load_certificate(os.path.join(where, name))
             except Exception as exc:  # (any file can land there: say which, and go on)
-                skipped.append(f"{name} ({str(exc)[:200]})")
+                skipped.append(f"{name!r} ({type(exc).__name__}: {str(exc)[:200]!r})")
                 continue
             if is_public_key(public):
                 keys[public] = True
             else:
-                skipped.append(f"{name} (no 40-character Z85 public key in it)")
+                skipped.append(f"{name!r} (no 40-character Z85 public key in it)")
         if skipped:
             self.allowlist_errors += 1
-            log.error("allowlist %s: %d file(s) skipped, not CURVE public key certificates (their keys are not "
-                      "allowed): %s", where, len(skipped), "; ".join(skipped[:20]))
+            if skipped != self.skipped:  # said once for as long as the same files stay bad
+                log.error("allowlist %s: %d file(s) skipped, not CURVE public key certificates (their keys are not "
+                          "allowed): %s", where, len(skipped), "; ".join(skipped[:20]))
+        self.skipped = skipped
         return keys
 
     def reload_if_changed(self) -> bool:
