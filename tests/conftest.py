@@ -27,6 +27,21 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("sim_seed", seeds, ids=[f"seed={s}" for s in seeds])
 
 
+@pytest.fixture(autouse=True)
+def _no_server_outlives_its_test():
+    """SIGKILL every `zq serve` (tests/adapters/support.ServerProcess) this test started
+    and left running: a test that fails before its own stop must not leave a dispatcher
+    holding a core for the rest of the run. Those a module's fixture started stay."""
+    from tests.adapters.support import ServerProcess
+
+    before = len(ServerProcess.started)
+    yield
+    for server in ServerProcess.started[before:]:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+    del ServerProcess.started[before:]
+
+
 @pytest.fixture
 def sim_steps(request):
     return request.config.getoption("--zq-steps")

@@ -89,7 +89,13 @@ def frames_for(sock, seconds: float) -> list[object]:  # type: ignore[no-untyped
 
 
 class ServerProcess:
-    """`zq serve` in its own process, on an ipc endpoint inside ``data_dir``."""
+    """`zq serve` in its own process, on an ipc endpoint inside ``data_dir``.
+
+    Every one started is remembered in ``started``: tests/conftest.py stops, after each
+    test, those the test started and left running (a test that failed before its own
+    stop), so no `zq serve` outlives the run."""
+
+    started: list["ServerProcess"] = []
 
     def __init__(self, data_dir: Path, *extra: str, config: Path | None = None) -> None:
         self.data_dir = data_dir
@@ -103,6 +109,7 @@ class ServerProcess:
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         self.proc = subprocess.Popen(cmd + self.extra, env=env(), stderr=subprocess.PIPE, text=True)
+        ServerProcess.started.append(self)
         from zq.client import Client
 
         c = Client(self.endpoint, connect_timeout=20)  # ready when it answers HELLO

@@ -108,6 +108,8 @@ def test_a_promoted_standby_serves_what_the_sigkilled_leader_had(tmp_path):
     finally:
         if follower.poll() is None:
             stop(follower)
+        if leader.proc is not None and leader.proc.poll() is None:  # failed before its SIGKILL
+            leader.terminate()
 
 
 def test_a_standby_waits_for_its_leader_and_then_catches_up(tmp_path):
@@ -405,6 +407,8 @@ def test_clients_with_both_endpoints_follow_the_leader_through_a_promotion(tmp_p
     finally:
         if follower.poll() is None:
             stop(follower)
+        if leader.proc is not None and leader.proc.poll() is None:  # failed before its SIGKILL
+            leader.terminate()
         if promoted.proc is not None:
             assert "Traceback" not in promoted.terminate()
 
