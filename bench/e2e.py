@@ -37,10 +37,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu(n: int, seconds: float) -> dict:
-    """The dispatcher's CPU per message, and what one core of it would carry."""
-    return {"server_cpu_us_per_msg": round(seconds / n * 1e6, 2),
-            "msgs_per_server_core_s": round(n / seconds) if seconds > 0 else None}
+def thread_cpu(pid: int) -> dict[str, float]:
+    """A process's CPU by kind of thread (from /proc), in seconds: its main thread (zq
+    serve's loop, the relay's), libzmq's I/O threads, and the rest. Where a dispatcher's
+    CPU goes at a low rate: ZeroMQ's own thread is paid by any dispatcher on it."""
+    out = {"main thread": 0.0, "ZeroMQ I/O threads": 0.0, "other threads": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # (a thread that ended meanwhile)
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        kind = ("main thread" if task.name == str(pid) else
+                "ZeroMQ I/O threads" if name.startswith("ZMQbg/IO") else "other threads")
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def server_cpu(n: int, seconds: float, before: dict[str, float] | None = None,
+               after: dict[str, float] | None = None) -> dict:
+    """The dispatcher's CPU per message, and what one core of it would carry; with
+    ``thread_cpu`` taken before and after, the same split by kind of thread."""
+    out = {"server_cpu_us_per_msg": round(seconds / n * 1e6, 2),
+           "msgs_per_server_core_s": round(n / seconds) if seconds > 0 else None}
+    if before is not None and after is not None:
+        out["server_cpu_us_per_msg_by_thread"] = {k: round((after[k] - before[k]) / n * 1e6, 1) for k in after}
+    return out
 
 
 def child_env() -> dict:
@@ -217,10 +241,11 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
     n = int(seconds * rate)
     fleet = Fleet(workers, backlog, durability, consumer=consumer, serve_module=serve_module)
     try:
-        cpu_before = cpu_seconds(fleet.server.pid)
+        cpu_before, threads_before = cpu_seconds(fleet.server.pid), thread_cpu(fleet.server.pid)
         prod = run_producer(fleet.endpoint, n, publisher, 0, rate)
         fleet.wait_acked(n, timeout=60 + seconds)
         cpu = cpu_seconds(fleet.server.pid) - cpu_before  # (at a low rate: each message pays whole iterations)
+        threads_after = thread_cpu(fleet.server.pid)
         reports = fleet.reports()
     finally:
         fleet.close()
@@ -229,7 +254,7 @@ def latency(seconds: float, *, rate: float = 2000, durability: str = "batch", wo
         "scenario": "latency", "rate": rate, "seconds": seconds, "durability": durability, "transport": "tcp loopback",
         "consumer": CONSUMERS[consumer], "publisher": PUBLISHERS[publisher],
         "messages": n, "publish_to_worker_us": percentiles(deliver), "publish_to_confirm_us": percentiles(prod["confirm_us"]),
-        **server_cpu(n, cpu),
+        **server_cpu(n, cpu, threads_before, threads_after),
     }
 
 

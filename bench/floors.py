@@ -31,13 +31,14 @@ never a spin.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from bench.e2e import child_env, cpu_seconds, free_port, percentiles, publish_times, server_cpu
+from bench.e2e import child_env, cpu_seconds, free_port, percentiles, publish_times, server_cpu, thread_cpu
 
 SIZE = 128
 
@@ -69,7 +70,7 @@ def relay_main(endpoint: str, n: int, workers: int, journal: str = "") -> None:
         if frame == b"W":
             peers.append(peer)
     print("ready", flush=True)
-    cpu = time.process_time()
+    cpu, threads = time.process_time(), thread_cpu(os.getpid())
     acked = turn = 0
     while acked < n:
         if not sock.poll(60_000):
@@ -86,7 +87,8 @@ def relay_main(endpoint: str, n: int, workers: int, journal: str = "") -> None:
     for p in peers:
         sock.send_multipart([p, b"Q"])
     stored = put_and_commit.stored() if put_and_commit is not None else 0  # type: ignore[attr-defined]
-    print(json.dumps({"cpu_s": time.process_time() - cpu, "stored": stored}), flush=True)  # what relaying cost, as a dispatcher's CPU
+    print(json.dumps({"cpu_s": time.process_time() - cpu, "stored": stored,  # what relaying cost, as a dispatcher's CPU
+                      "threads": [threads, thread_cpu(os.getpid())]}), flush=True)
 
 
 def journal_writer(path: str):  # type: ignore[no-untyped-def]
@@ -211,7 +213,7 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4, commit: bool = F
             confirm_us.append(since_us(sock.recv()))
         deliver_us = [x for p in procs for x in json.loads(p.communicate(timeout=60)[0])]
         relayed = json.loads(relay_proc.communicate(timeout=60)[0])
-        relay_cpu = relayed["cpu_s"]
+        relay_cpu, relay_threads = relayed["cpu_s"], relayed["threads"]
     finally:
         sock.close()
         for p in [relay_proc, *procs]:
@@ -228,7 +230,7 @@ def relay(seconds: float, rate: float = 2000, workers: int = 4, commit: bool = F
         extra = {"stored": relayed["stored"], "durability": "none (no sync: the floor of batch and none, not of fsync)"}
     return {"case": case, "rate": rate, **extra,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu)}
+            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, relay_cpu, *relay_threads)}
 
 
 def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict:
@@ -267,7 +269,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
             raise RuntimeError("no WELCOME")
         sock.recv()
         confirm_us = []
-        cpu_before = cpu_seconds(server.pid)
+        cpu_before, threads_before = cpu_seconds(server.pid), thread_cpu(server.pid)
         for i in publish_times(n, rate):
             sent = time.time_ns()
             sock.send(wire.encode(wire.Publish(i + 1, "floors", [(stamped(), {}, None)])))
@@ -285,6 +287,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
                     raise RuntimeError("not every message acked")
                 time.sleep(0.05)
         server_cpu_s = cpu_seconds(server.pid) - cpu_before  # (with a few STATS and the wait's heartbeats)
+        threads_after = thread_cpu(server.pid)
     finally:
         sock.close()
         for p in procs:
@@ -297,7 +300,7 @@ def zq_raw_clients(seconds: float, rate: float = 2000, workers: int = 4) -> dict
     shutil.rmtree(tmp, ignore_errors=True)
     return {"case": "zq serve (batch) with raw ZQP/1 sockets as publisher and 4 workers, tcp loopback", "rate": rate,
             "seconds": seconds, "messages": n, "publish_to_worker_us": percentiles(deliver_us),
-            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, server_cpu_s)}
+            "publish_to_confirm_us": percentiles(confirm_us), **server_cpu(n, server_cpu_s, threads_before, threads_after)}
 
 
 def echo(seconds: float, rate: float, transport: str) -> dict:

@@ -42,6 +42,7 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
     assert doc["results"], "no rows"
     if scenario == "floors":
         assert any("stored" in r for r in doc["results"]), doc["results"]  # the journaling relay ran
+        assert all("server_cpu_us_per_msg_by_thread" in r for r in doc["results"] if "relay" in r["case"]), doc
     for row in doc["results"]:
         assert row["scenario"] == scenario
         if scenario in ("latency", "floors"):
@@ -53,6 +54,11 @@ def check_quick_run(scenario: str, tmp_path, capsys) -> None:  # type: ignore[no
                 assert row["stored"] == row["messages"] > 0, row
             if scenario == "latency" and row.get("transport") == "tcp loopback" and "consumer" in row:
                 assert row["server_cpu_us_per_msg"] > 0, row  # what each message costs the dispatcher at that rate
+                assert "server_cpu_us_per_msg_by_thread" in row, row
+            if "server_cpu_us_per_msg_by_thread" in row:  # the same by kind of thread: the loop's, libzmq's, others
+                split = row["server_cpu_us_per_msg_by_thread"]
+                assert set(split) == {"main thread", "ZeroMQ I/O threads", "other threads"}, row
+                assert split["main thread"] > 0 and min(split.values()) >= 0, row
             continue
         if scenario == "loop-cost":  # the loop's steps counted in a real `zq serve`, or the commit alone
             if "steps" in row:
