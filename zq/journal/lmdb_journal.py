@@ -18,7 +18,9 @@ anew in silence. Journal files are created 0600.
 Durability (DESIGN "Decisions"): ``fsync`` syncs every commit before it returns;
 ``batch`` commits without syncing and syncs at least every ``fsync_interval_ms``;
 ``none`` never syncs. The environment is opened with ``sync=False`` and we call
-``env.sync(True)`` ourselves, so one commit costs at most one fdatasync.
+``env.sync(True)`` ourselves, so one commit costs at most one fdatasync. The periodic
+sync that nothing waits on (batch's, and fsync's for acks and lease events) runs on a
+thread of its own (zq.journal.syncer), so that the loop never waits on the disk for it.
 
 ``writemap=False`` (ANCHORS rule 8): a full disk becomes an error, never a SIGBUS.
 The map is sparse and large; if it still fills, the writer doubles it and retries.
@@ -31,6 +33,7 @@ import hashlib
 import logging
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -47,6 +50,7 @@ from zq.core.errors import JournalError
 from zq.journal import integrity as I
 from zq.journal.base import declared_name, resolve_copy
 from zq.journal.integrity import RESIDUE, JournalDamaged, seal
+from zq.journal.syncer import Syncer
 
 log = logging.getLogger("zq.journal")
 
@@ -106,6 +110,8 @@ class LmdbJournal:
         self.readonly = readonly
         self.lock_fd: int | None = None
         self.closed = False
+        self.mark_lock = threading.Lock()  # the mark is written by this thread and by the syncer's
+        self.mark_generation = 0  # raised when the mark is lowered: a sync begun before may not raise it again
         if not readonly:
             try:
                 if not os.path.isdir(path):
@@ -132,6 +138,8 @@ class LmdbJournal:
         self.reader_txn: lmdb.Transaction | None = None
         self.last_sync_ms = 0
         self.unsynced = False
+        self.sync_failed = False  # the last sync failed: the next ones are made here, until one works
+        self.syncer: Syncer | None = None  # the periodic sync's thread, started by the first one
 
     def open_env(self, map_size: int) -> None:
         """Check the files, map them, check the format and the identity mark."""
@@ -266,8 +274,12 @@ class LmdbJournal:
 
     def write_mark(self) -> None:
         """Make the directory's mark say every bookmark below ``high`` is here (synced)."""
-        mark = I.Mark(self.id, self.high)
         self.mark_at = time.monotonic()  # tried again (a full disk) at most every MARK_INTERVAL_S
+        with self.mark_lock:
+            self.write_mark_locked(self.high)
+
+    def write_mark_locked(self, upto: int) -> None:
+        mark = I.Mark(self.id, upto)
         try:
             I.write_mark(self.path, mark)
         except OSError as exc:  # a full disk: the older mark stays, which is still true
@@ -287,9 +299,13 @@ class LmdbJournal:
 
     def lower_mark(self, high: int) -> None:
         """Before deleting records at and above ``high`` (a deposed leader's, truncated):
-        the mark first, so that it never says more than the journal holds."""
-        self.high = high
-        self.write_mark()
+        the mark first, so that it never says more than the journal holds (nor does a
+        sync begun before, on the syncer's thread: its mark is not written)."""
+        self.mark_at = time.monotonic()
+        with self.mark_lock:
+            self.mark_generation += 1
+            self.high = high
+            self.write_mark_locked(high)
 
     # ---------------------------------------------------------------- write
 
@@ -313,10 +329,14 @@ class LmdbJournal:
                 self.staged = staged + self.staged  # nothing is lost: the next commit tries them again
                 raise
             self.unsynced = True
+        if self.syncer is not None:
+            self.collect_syncs()
         if not self.unsynced or self.durability == "none":
             return
-        if (self.durability == "fsync" and urgent) or now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+        if (self.durability == "fsync" and urgent) or self.sync_failed:
             self.sync(now_ms)
+        elif now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+            self.sync_behind(now_ms)
 
     def sync(self, now_ms: int = 0) -> None:
         try:
@@ -325,8 +345,42 @@ class LmdbJournal:
             raise JournalError(f"journal sync failed: {exc}") from exc
         self.last_sync_ms = now_ms
         self.unsynced = False
+        self.sync_failed = False
         if self.mark is None or self.mark.next != self.high:
             self.synced()
+
+    def sync_behind(self, now_ms: int) -> None:
+        """The periodic sync, on the syncer's thread (zq.journal.syncer): nothing waits
+        on it. What is committed now is on disk when it ends; then the mark follows, at
+        most every ``MARK_INTERVAL_S``, unless the mark was lowered meanwhile."""
+        if self.syncer is None:
+            self.syncer = Syncer("zq-journal-sync")
+        env, high, generation = self.env, self.high, self.mark_generation
+        mark_due = (self.mark is None or self.mark.next != high) and time.monotonic() - self.mark_at >= I.MARK_INTERVAL_S
+        if mark_due:
+            self.mark_at = time.monotonic()
+
+        def job() -> int:
+            env.sync(True)
+            if mark_due:
+                with self.mark_lock:
+                    if generation == self.mark_generation:
+                        self.write_mark_locked(high)
+            return high
+
+        self.syncer.ask(job)
+        self.last_sync_ms = now_ms
+        self.unsynced = False
+
+    def collect_syncs(self) -> None:
+        """A sync that failed on the syncer's thread fails the next commit here, as one
+        made here would (the loop pauses publishing and tries again): what it would have
+        synced is unsynced again, and the next syncs are made here until one works."""
+        _, error = self.syncer.take()  # type: ignore[union-attr]
+        if error is not None:
+            self.unsynced = True
+            self.sync_failed = True
+            raise JournalError(f"journal sync failed: {error}") from error
 
     def write(self, staged: list[object]) -> None:
         for _ in range(8):
@@ -763,12 +817,19 @@ class LmdbJournal:
         try:
             if self.staged:
                 self.commit()
+        except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
+            log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
+        try:
+            if self.syncer is not None:  # what it was asked is synced first; a failure: synced here again
+                self.syncer.stop()
+                if self.syncer.take()[1] is not None:
+                    self.unsynced = True
             if not self.readonly and self.unsynced:
                 self.sync()
             if not self.readonly and not self.unsynced:
                 self.synced(force=True)  # a clean stop: the mark says where the journal ends
-        except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
-            log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
+        except JournalError as exc:
+            log.error("journal: not synced at close: %s", exc)
         finally:
             self.env.close()
             self.release_lock()

@@ -1,0 +1,141 @@
+"""The periodic sync runs on the syncer's thread (zq.journal.syncer): a commit never
+waits on it, a failure still fails a commit, and the directory's mark never says more
+than the disk holds. A real LMDB journal; only ``env.sync`` is wrapped, to hold it or
+make it fail as a slow or broken disk would."""
+
+from __future__ import annotations
+
+import threading
+
+import lmdb
+import pytest
+
+from zq.core import records as R
+from zq.core.errors import JournalError
+from zq.journal import integrity as I
+from zq.journal.lmdb_journal import LmdbJournal
+from zq.journal.syncer import Syncer
+
+
+class HeldSync:
+    """``env`` as it is, but ``sync`` waits for ``release`` (and fails while ``failing``)."""
+
+    def __init__(self, env) -> None:  # type: ignore[no-untyped-def]
+        self._env = env
+        self.release = threading.Event()
+        self.release.set()
+        self.started = threading.Semaphore(0)
+        self.threads: list[str] = []
+        self.failing = 0
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self._env, name)
+
+    def sync(self, force: bool = False) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.started.release()
+        if not self.release.wait(10):
+            raise AssertionError("the test never released the sync")
+        if self.failing:
+            self.failing -= 1
+            raise lmdb.Error("Input/output error")
+        self._env.sync(force)
+
+
+def publish(j: LmdbJournal, seq: int, now_ms: int) -> None:
+    j.append([R.Message(seq, 0, "t", {}, b"x")])
+    j.commit(now_ms, urgent=False)
+
+
+@pytest.fixture
+def journal(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(I, "MARK_INTERVAL_S", 0.0)
+    j = LmdbJournal(str(tmp_path / "j"), durability="batch", fsync_interval_ms=1000)
+    env = HeldSync(j.env)
+    j.env = env  # type: ignore[assignment]
+    yield j, env
+    env.release.set()
+    j.close()
+
+
+def test_a_periodic_sync_runs_on_its_own_thread_and_no_commit_waits_for_it(journal, tmp_path):
+    j, env = journal
+    env.release.clear()  # a disk that takes its time
+    publish(j, 1, now_ms=5_000)  # a second since the last sync: one is due
+    assert env.started.acquire(timeout=10), "no sync began"
+    assert env.threads == ["zq-journal-sync"]
+    for seq in range(2, 50):  # the commits go on meanwhile (a sync held the loop before)
+        publish(j, seq, now_ms=5_000 + seq)
+    assert I.read_mark(str(tmp_path / "j")).next < 2  # not on disk yet: the mark does not say so
+    env.release.set()
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    assert I.read_mark(str(tmp_path / "j")).next == 2  # what was committed when the sync began, no more
+    publish(j, 50, now_ms=6_001)  # the next second's
+    assert j.syncer.wait_idle(10)
+    assert I.read_mark(str(tmp_path / "j")).next == 51
+    assert env.threads == ["zq-journal-sync"] * 2
+
+
+def test_a_failed_sync_fails_the_next_commit_and_the_next_syncs_are_made_in_line_until_one_works(journal):
+    j, env = journal
+    env.failing = 1
+    publish(j, 1, now_ms=5_000)
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    j.append([R.Message(2, 0, "t", {}, b"x")])
+    with pytest.raises(JournalError, match="journal sync failed: Input/output error"):
+        j.commit(5_001, urgent=False)  # the loop pauses publishing and tries again (zq.server.loop)
+    assert j.staged == [] and j.high == 3  # the commit itself was made: nothing to write again
+    env.failing = 1
+    with pytest.raises(JournalError, match="journal sync failed"):
+        j.commit(5_201, urgent=False)  # the retry syncs here, and the disk still fails
+    j.commit(5_401, urgent=False)  # it works again
+    main = threading.current_thread().name
+    assert env.threads == ["zq-journal-sync", main, main]
+    publish(j, 3, now_ms=6_500)  # and the periodic sync is the syncer's again
+    assert j.syncer.wait_idle(10)
+    assert env.threads[-1] == "zq-journal-sync"
+
+
+def test_a_mark_lowered_while_a_sync_runs_is_not_raised_again_by_it(journal, tmp_path):
+    j, env = journal
+    for seq in range(1, 11):
+        j.append([R.Message(seq, 0, "t", {}, b"x")])
+    env.release.clear()
+    j.commit(5_000, urgent=False)
+    assert env.started.acquire(timeout=10)
+    j.lower_mark(6)  # a deposed leader's truncation, while the sync of 1..10 runs
+    env.release.set()
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    assert I.read_mark(str(tmp_path / "j")).next == 6
+
+
+def test_close_runs_the_syncs_asked_and_marks_where_the_journal_ends(journal, tmp_path):
+    j, env = journal
+    env.release.clear()
+    publish(j, 1, now_ms=5_000)
+    assert env.started.acquire(timeout=10)
+    publish(j, 2, now_ms=6_000)  # asked while the first runs: it waits for it
+    threading.Timer(0.2, env.release.set).start()
+    j.close()
+    assert env.threads == ["zq-journal-sync"] * 2
+    assert I.read_mark(str(tmp_path / "j")).next == 3
+
+
+def test_the_syncer_runs_the_newest_job_asked_while_one_runs():
+    syncer = Syncer("test-syncer")
+    started, gate, ran = threading.Event(), threading.Event(), []
+    syncer.ask(lambda: started.set() or gate.wait(10) and ran.append(1))
+    assert started.wait(10)
+    for i in (2, 3, 4):  # each replaces the one waiting: only the last runs
+        syncer.ask(lambda i=i: ran.append(i))
+    gate.set()
+    assert syncer.wait_idle(10)
+    assert ran == [1, 4]
+    results, error = syncer.take()
+    assert len(results) == 2 and error is None
+    syncer.ask(lambda: 1 / 0)
+    assert syncer.wait_idle(10)
+    assert isinstance(syncer.take()[1], ZeroDivisionError)
+    syncer.stop(10)
+    with pytest.raises(RuntimeError, match="stopped"):
+        syncer.ask(lambda: None)

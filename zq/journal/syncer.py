@@ -1,0 +1,84 @@
+"""A thread that runs the journal's periodic sync, so that the loop does not wait on it.
+
+In ``batch`` durability nothing waits on a sync: a confirmation promises the commit,
+not the disk. Yet the once-a-second ``fdatasync`` (1.1-1.6 ms on this machine kind,
+far longer when the disk stalls) and, every few seconds, the directory's mark
+(another 0.6-1.2 ms: a file written, synced, renamed) ran on the dispatcher's loop
+thread, and every frame arriving meanwhile waited for them: at 2,000 msg/s a few
+messages a second, which is a p99.9 (issue #34). py-lmdb releases the GIL in
+``env.sync``, and an ``fdatasync`` makes durable whatever was committed before it
+began, so the loop can go on committing while it runs here.
+
+One job at a time: a job asked while another runs waits for it, and a newer job
+replaces one not yet started (each covers everything the older one would have).
+``take`` hands the loop the last finished job's result or error, in the loop's own
+thread, where the journal's state is changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+
+class Syncer:
+    def __init__(self, name: str) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._next: Callable[[], Any] | None = None  # asked, not started
+        self._running = False
+        self._results: list[Any] = []  # finished, not yet taken
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def ask(self, job: Callable[[], Any]) -> None:
+        """Run ``job`` on the thread, after the one running (it replaces one waiting)."""
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the journal's syncer has stopped")
+            self._next = job
+            self._changed.notify_all()
+
+    def take(self) -> tuple[list[Any], BaseException | None]:
+        """The results of the jobs finished since the last call, and the error of the
+        last one that failed (a failed job is not run again: its caller asks anew)."""
+        with self._lock:
+            results, self._results = self._results, []
+            error, self._error = self._error, None
+        return results, error
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no job runs or waits (False if ``timeout`` passed first)."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self._next is None and not self._running, timeout)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Run what was asked, then end the thread."""
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._changed.wait_for(lambda: self._next is not None or self._stopping)
+                job, self._next = self._next, None
+                if job is None:
+                    return  # stopping, nothing left
+                self._running = True
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = job()
+            except BaseException as exc:  # handed to the loop, which decides (a full disk: publishing pauses)
+                error = exc
+            with self._lock:
+                self._running = False
+                if error is None:
+                    self._results.append(result)
+                else:
+                    self._error = error
+                self._changed.notify_all()
