@@ -67,8 +67,10 @@ def test_a_periodic_sync_runs_on_its_own_thread_and_no_commit_waits_for_it(journ
     for seq in range(2, 50):  # the commits go on meanwhile (a sync held the loop before)
         publish(j, seq, now_ms=5_000 + seq)
     assert I.read_mark(str(tmp_path / "j")).next < 2  # not on disk yet: the mark does not say so
+    assert j.sync_stats()["sync_running_ms"] > 0  # STATS shows a disk that takes its time
     env.release.set()
     assert j.syncer is not None and j.syncer.wait_idle(10)
+    assert j.sync_stats()["sync_running_ms"] == 0 and j.sync_stats()["sync_last_ms"] > 0
     assert I.read_mark(str(tmp_path / "j")).next == 2  # what was committed when the sync began, no more
     publish(j, 50, now_ms=6_001)  # the next second's
     assert j.syncer.wait_idle(10)
@@ -139,3 +141,21 @@ def test_the_syncer_runs_the_newest_job_asked_while_one_runs():
     syncer.stop(10)
     with pytest.raises(RuntimeError, match="stopped"):
         syncer.ask(lambda: None)
+
+
+def test_stats_say_how_long_the_periodic_sync_takes(tmp_path):
+    import zq
+    from zq.server.config import Config
+
+    d = zq.Dispatcher(Config(data=str(tmp_path / "d"), bind=[], durability="batch")).start()
+    try:
+        with zq.connect(d.inproc) as c:
+            before = c.stats()["server"]["journal"]
+            assert before["sync_running_ms"] == 0 and before["sync_last_ms"] == 0  # none yet
+            c.publish("jobs", b"x")  # the first commit that writes asks for a sync
+            assert d.server is not None and d.server.journal.syncer is not None
+            assert d.server.journal.syncer.wait_idle(10)
+            after = c.stats()["server"]["journal"]
+            assert after["sync_last_ms"] > 0 and after["sync_running_ms"] >= 0, after
+    finally:
+        d.stop()

@@ -372,6 +372,14 @@ class LmdbJournal:
         self.last_sync_ms = now_ms
         self.unsynced = False
 
+    def sync_stats(self) -> dict[str, float]:
+        """STATS ``server.journal``: the periodic sync now running for how long, and the
+        last one's time, in ms (0 before the first)."""
+        syncer = self.syncer
+        if syncer is None:
+            return {"sync_running_ms": 0.0, "sync_last_ms": 0.0}
+        return {"sync_running_ms": round(syncer.running_ms(), 1), "sync_last_ms": round(syncer.last_ms, 1)}
+
     def collect_syncs(self) -> None:
         """A sync that failed on the syncer's thread fails the next commit here, as one
         made here would (the loop pauses publishing and tries again): what it would have

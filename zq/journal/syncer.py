@@ -18,6 +18,7 @@ thread, where the journal's state is changed.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -30,6 +31,8 @@ class Syncer:
         self._results: list[Any] = []  # finished, not yet taken
         self._error: BaseException | None = None
         self._stopping = False
+        self._started = 0.0  # when the running job began (monotonic), 0 when none runs
+        self.last_ms = 0.0  # how long the last job took: a slow disk shows here (STATS)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -54,6 +57,12 @@ class Syncer:
         with self._lock:
             return self._changed.wait_for(lambda: self._next is None and not self._running, timeout)
 
+    def running_ms(self) -> float:
+        """How long the job now running has run (0: none): a disk that stalls shows here
+        long before the sync returns."""
+        started = self._started
+        return (time.monotonic() - started) * 1000 if started else 0.0
+
     def stop(self, timeout: float | None = None) -> None:
         """Run what was asked, then end the thread."""
         with self._lock:
@@ -69,6 +78,7 @@ class Syncer:
                 if job is None:
                     return  # stopping, nothing left
                 self._running = True
+                self._started = time.monotonic()
             result: Any = None
             error: BaseException | None = None
             try:
@@ -77,6 +87,8 @@ class Syncer:
                 error = exc
             with self._lock:
                 self._running = False
+                self.last_ms = (time.monotonic() - self._started) * 1000
+                self._started = 0.0
                 if error is None:
                     self._results.append(result)
                 else:

@@ -126,7 +126,7 @@ class Stats:
                          else {"on": False}),
             "journal": {"writable": self.journal_down is None, "cause": self.journal_down,
                         "down_ms": now - self.journal_down_since if self.journal_down else 0,
-                        "failures": self.journal_failures},
+                        "failures": self.journal_failures, **self.journal.sync_stats()},
             "endpoints": self.endpoints,
             "rates": self.rates(now),
             "replication": {
