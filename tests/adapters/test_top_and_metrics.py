@@ -249,6 +249,8 @@ def test_metrics_are_scraped_and_parse_as_prometheus_text(tmp_path):
         inf = [s.value for s in hist.samples if s.labels.get("le") == "+Inf" and s.labels.get("queue") == "jobs"]
         assert counts["zq_ack_latency_seconds_count"] == 3 and inf == [3]
         assert families["zq_journal_bytes"].samples[0].value > 0
+        assert families["zq_journal_sync_running_seconds"].samples[0].value >= 0
+        assert families["zq_journal_sync_last_seconds"].samples[0].value >= 0
     finally:
         server.terminate()
 

@@ -5,7 +5,11 @@ make it fail as a slow or broken disk would."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
+import time
+import weakref
 
 import lmdb
 import pytest
@@ -14,6 +18,7 @@ from zq.core import records as R
 from zq.core.errors import JournalError
 from zq.journal import integrity as I
 from zq.journal.lmdb_journal import LmdbJournal
+from zq.journal import syncer as syncer_module
 from zq.journal.syncer import Syncer
 
 
@@ -33,13 +38,24 @@ class HeldSync:
 
     def sync(self, force: bool = False) -> None:
         self.threads.append(threading.current_thread().name)
+        self.syncing = True
         self.started.release()
-        if not self.release.wait(10):
-            raise AssertionError("the test never released the sync")
-        if self.failing:
-            self.failing -= 1
-            raise lmdb.Error("Input/output error")
-        self._env.sync(force)
+        try:
+            if not self.release.wait(10):
+                raise AssertionError("the test never released the sync")
+            if self.failing:
+                self.failing -= 1
+                raise lmdb.Error("Input/output error")
+            self._env.sync(force)
+        finally:
+            self.syncing = False
+
+    syncing = False
+    remapped_while_syncing = False
+
+    def set_mapsize(self, size: int) -> None:
+        self.remapped_while_syncing |= self.syncing  # (a sync starting while the map moves fails: EINVAL)
+        self._env.set_mapsize(size)
 
 
 def publish(j: LmdbJournal, seq: int, now_ms: int) -> None:
@@ -111,15 +127,15 @@ def test_a_mark_lowered_while_a_sync_runs_is_not_raised_again_by_it(journal, tmp
     assert I.read_mark(str(tmp_path / "j")).next == 6
 
 
-def test_close_runs_the_syncs_asked_and_marks_where_the_journal_ends(journal, tmp_path):
+def test_close_waits_for_the_sync_running_and_marks_where_the_journal_ends(journal, tmp_path):
     j, env = journal
     env.release.clear()
     publish(j, 1, now_ms=5_000)
     assert env.started.acquire(timeout=10)
-    publish(j, 2, now_ms=6_000)  # asked while the first runs: it waits for it
+    publish(j, 2, now_ms=5_500)  # committed after that sync began: not covered by it
     threading.Timer(0.2, env.release.set).start()
     j.close()
-    assert env.threads == ["zq-journal-sync"] * 2
+    assert env.threads == ["zq-journal-sync", threading.current_thread().name]  # the rest synced at close
     assert I.read_mark(str(tmp_path / "j")).next == 3
 
 
@@ -159,3 +175,86 @@ def test_stats_say_how_long_the_periodic_sync_takes(tmp_path):
             assert after["sync_last_ms"] > 0 and after["sync_running_ms"] >= 0, after
     finally:
         d.stop()
+
+
+def test_a_disk_slower_than_the_interval_makes_commits_wait_for_it(journal, tmp_path, caplog):
+    """What an OS crash may lose stays about one interval of commits: when the next
+    sync is due and the last still runs, the commit waits for it (said in the log)."""
+    j, env = journal
+    env.release.clear()
+    publish(j, 1, now_ms=5_000)
+    assert env.started.acquire(timeout=10)
+    publish(j, 2, now_ms=5_500)  # within the interval: no wait
+    done = threading.Event()
+    caplog.set_level(logging.WARNING, logger="zq.journal.lmdb_journal")
+    waiter = threading.Thread(target=lambda: (publish(j, 3, now_ms=6_001), done.set()))
+    waiter.start()
+    assert not done.wait(0.3), "a commit went on past a sync that has run for a whole interval"
+    env.release.set()
+    assert done.wait(10)
+    waiter.join(10)
+    assert "the disk is slow: the periodic sync has run for" in caplog.text
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    assert I.read_mark(str(tmp_path / "j")).next == 4
+
+
+def test_the_map_never_moves_while_a_sync_runs(tmp_path):
+    j = LmdbJournal(str(tmp_path / "j"), durability="batch", map_size=1 << 20)
+    env = HeldSync(j.env)
+    j.env = env  # type: ignore[assignment]
+    try:
+        env.release.clear()
+        publish(j, 1, now_ms=5_000)
+        assert env.started.acquire(timeout=10)
+        threading.Timer(0.2, env.release.set).start()
+        j.append([R.Message(seq, 0, "t", {}, b"x" * 4000) for seq in range(2, 400)])  # more than 1 MiB: the map grows
+        j.commit(5_001, urgent=False)
+        assert j.env.info()["map_size"] > 1 << 20 and not env.remapped_while_syncing
+    finally:
+        env.release.set()
+        j.close()
+
+
+def test_close_releases_the_journal_even_when_its_last_commit_breaks(tmp_path):
+    j = LmdbJournal(str(tmp_path / "j"), durability="batch")
+    publish(j, 1, now_ms=5_000)  # the syncer's thread runs
+    j.append(["not a record"])
+    with pytest.raises(AssertionError, match="unknown record"):
+        j.close()
+    again = LmdbJournal(str(tmp_path / "j"), durability="batch")  # the lock was released
+    assert again.high == 2
+    again.close()
+    assert j.syncer is not None and not j.syncer.busy()
+
+
+def test_a_failed_sync_found_at_close_is_said_and_made_again(journal, tmp_path, caplog):
+    j, env = journal
+    env.failing = 1
+    publish(j, 1, now_ms=5_000)
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    caplog.set_level(logging.ERROR, logger="zq.journal.lmdb_journal")
+    j.close()
+    assert "the last periodic sync failed (Input/output error); syncing again at close" in caplog.text
+    assert env.threads[-1] == threading.current_thread().name  # made again, here
+    assert I.read_mark(str(tmp_path / "j")).next == 2
+
+
+def test_a_journal_never_closed_leaves_no_thread_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(syncer_module, "IDLE_S", 0.05)
+    monkeypatch.setattr(I, "MARK_INTERVAL_S", 0.0)
+    j = LmdbJournal(str(tmp_path / "j"), durability="batch")
+    publish(j, 1, now_ms=5_000)
+    assert j.syncer is not None and j.syncer.wait_idle(10)
+    syncer, ref = j.syncer, weakref.ref(j)
+    deadline = time.monotonic() + 10
+    while any(t.name == "zq-journal-sync" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the syncer's thread never ended"
+        time.sleep(0.01)
+    publish(j, 2, now_ms=6_001)  # the next sync starts another
+    assert syncer.wait_idle(10) and I.read_mark(str(tmp_path / "j")).next == 3
+    j.env.close()  # (what close() would do; dropped without it, the journal is collected)
+    j.release_lock()
+    j.closed = True
+    del j
+    gc.collect()
+    assert ref() is None

@@ -56,6 +56,7 @@ log = logging.getLogger("zq.journal")
 
 _KEY = struct.Struct(">Q")
 DURABILITY_MODES = ("fsync", "batch", "none")
+SLOW_DISK_SAY_S = 60.0  # a disk slower than fsync_interval is logged at most this often
 MAP_SIZE_DEFAULT = 1 << 40  # 1 TiB: sparse, costs nothing without writemap
 TRIM_BATCH_MAX = 100_000  # records deleted per commit at most (bounded work per loop)
 NEXT_FLOOR_KEY = b"seq:floor"  # meta: bookmarks below this were given out (retention may have deleted them)
@@ -139,6 +140,7 @@ class LmdbJournal:
         self.last_sync_ms = 0
         self.unsynced = False
         self.sync_failed = False  # the last sync failed: the next ones are made here, until one works
+        self.slow_disk_said = -SLOW_DISK_SAY_S  # when a slow disk was last logged (monotonic)
         self.syncer: Syncer | None = None  # the periodic sync's thread, started by the first one
 
     def open_env(self, map_size: int) -> None:
@@ -336,7 +338,25 @@ class LmdbJournal:
         if (self.durability == "fsync" and urgent) or self.sync_failed:
             self.sync(now_ms)
         elif now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+            if self.syncer is not None and self.syncer.busy():
+                self.wait_for_disk()
             self.sync_behind(now_ms)
+
+    def wait_for_disk(self) -> None:
+        """The sync asked an interval ago still runs: the disk is slower than
+        ``fsync_interval``. Wait for it here, as the loop did before the syncer had a
+        thread: what an OS crash may lose stays about one interval of commits, not an
+        interval plus however long the disk stalls. Said in the log (at most once a
+        minute) and in STATS (``sync_running_ms``)."""
+        syncer = self.syncer
+        assert syncer is not None
+        started = time.monotonic()
+        if started - self.slow_disk_said >= SLOW_DISK_SAY_S:
+            self.slow_disk_said = started
+            log.warning("journal %s: the disk is slow: the periodic sync has run for %.0f ms (fsync_interval is %d ms); "
+                        "commits wait for it", self.path, syncer.running_ms(), self.fsync_interval_ms)
+        syncer.wait_idle()
+        self.collect_syncs()
 
     def sync(self, now_ms: int = 0) -> None:
         try:
@@ -398,6 +418,8 @@ class LmdbJournal:
                 return
             except lmdb.MapFullError:
                 self.release_reader()
+                if self.syncer is not None:  # (a sync starting while the map moves fails: EINVAL)
+                    self.syncer.wait_idle()
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise JournalError(f"journal write failed: {exc}") from exc
@@ -823,22 +845,30 @@ class LmdbJournal:
         self.closed = True
         self.release_reader()
         try:
-            if self.staged:
-                self.commit()
-        except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
-            log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
-        try:
-            if self.syncer is not None:  # what it was asked is synced first; a failure: synced here again
+            try:
+                if self.staged:
+                    self.commit()
+            except JournalError as exc:  # a full disk at shutdown: what was never confirmed is not stored
+                if self.staged:
+                    log.error("journal: %d records not stored at close: %s", len(self.staged), exc)
+                else:  # (written: their sync failed, and is made again below)
+                    log.error("journal: %s; syncing again at close", exc)
+            if self.syncer is not None:  # what it was asked runs first
                 self.syncer.stop()
-                if self.syncer.take()[1] is not None:
+                error = self.syncer.take()[1]
+                if error is not None:
+                    log.error("journal: the last periodic sync failed (%s); syncing again at close", error)
                     self.unsynced = True
-            if not self.readonly and self.unsynced:
-                self.sync()
-            if not self.readonly and not self.unsynced:
-                self.synced(force=True)  # a clean stop: the mark says where the journal ends
-        except JournalError as exc:
-            log.error("journal: not synced at close: %s", exc)
+            try:
+                if not self.readonly and self.unsynced:
+                    self.sync()
+                if not self.readonly and not self.unsynced:
+                    self.synced(force=True)  # a clean stop: the mark says where the journal ends
+            except JournalError as exc:
+                log.error("journal: not synced at close: %s", exc)
         finally:
+            if self.syncer is not None:
+                self.syncer.stop()  # (a commit that raised anything else skipped the stop above)
             self.env.close()
             self.release_lock()
 

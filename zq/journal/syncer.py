@@ -12,7 +12,9 @@ began, so the loop can go on committing while it runs here.
 One job at a time: a job asked while another runs waits for it, and a newer job
 replaces one not yet started (each covers everything the older one would have).
 ``take`` hands the loop the last finished job's result or error, in the loop's own
-thread, where the journal's state is changed.
+thread, where the journal's state is changed. The thread ends when it has had nothing
+to do for ``IDLE_S`` (a journal never closed leaves no thread behind for long) and
+starts again with the next job.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import threading
 import time
 from typing import Any, Callable
 
+IDLE_S = 10.0  # with no job for this long the thread ends (the next job starts another)
+
 
 class Syncer:
     def __init__(self, name: str) -> None:
+        self.name = name
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._next: Callable[[], Any] | None = None  # asked, not started
@@ -31,10 +36,9 @@ class Syncer:
         self._results: list[Any] = []  # finished, not yet taken
         self._error: BaseException | None = None
         self._stopping = False
+        self._thread: threading.Thread | None = None  # while one runs (or waits for a job)
         self._started = 0.0  # when the running job began (monotonic), 0 when none runs
         self.last_ms = 0.0  # how long the last job took: a slow disk shows here (STATS)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
 
     def ask(self, job: Callable[[], Any]) -> None:
         """Run ``job`` on the thread, after the one running (it replaces one waiting)."""
@@ -42,6 +46,9 @@ class Syncer:
             if self._stopping:
                 raise RuntimeError("the journal's syncer has stopped")
             self._next = job
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
             self._changed.notify_all()
 
     def take(self) -> tuple[list[Any], BaseException | None]:
@@ -51,6 +58,11 @@ class Syncer:
             results, self._results = self._results, []
             error, self._error = self._error, None
         return results, error
+
+    def busy(self) -> bool:
+        """A job runs or waits."""
+        with self._lock:
+            return self._next is not None or self._running
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no job runs or waits (False if ``timeout`` passed first)."""
@@ -64,19 +76,22 @@ class Syncer:
         return (time.monotonic() - started) * 1000 if started else 0.0
 
     def stop(self, timeout: float | None = None) -> None:
-        """Run what was asked, then end the thread."""
+        """Run what was asked, then end the thread (again: nothing more to do)."""
         with self._lock:
             self._stopping = True
             self._changed.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                self._changed.wait_for(lambda: self._next is not None or self._stopping)
+                if not self._changed.wait_for(lambda: self._next is not None or self._stopping, IDLE_S) \
+                        or self._next is None:
+                    self._thread = None  # idle, or stopping with nothing left: the next job starts another
+                    return
                 job, self._next = self._next, None
-                if job is None:
-                    return  # stopping, nothing left
                 self._running = True
                 self._started = time.monotonic()
             result: Any = None
@@ -94,3 +109,4 @@ class Syncer:
                 else:
                     self._error = error
                 self._changed.notify_all()
+            job = result = error = None  # type: ignore[assignment]  # (the job's closure holds the journal)

@@ -19,6 +19,8 @@ Metric names (all labelled by ``queue`` where per queue):
   fair queue, waiting or leased; the ten tenants holding most, so a scrape stays small)
 * ``zq_ack_latency_seconds`` (histogram: publish -> ack; ``_bucket``, ``_sum``, ``_count``)
 * ``zq_journal_bytes``, ``zq_uptime_seconds``, ``zq_peers``, ``zq_workers`` (gauges)
+* ``zq_journal_sync_running_seconds`` (how long the periodic fsync now running has run, 0
+  when none: a stalled disk shows here), ``zq_journal_sync_last_seconds`` (gauges)
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class ZqCollector:
             ("zq_uptime_seconds", srv["uptime_ms"] / 1000, "Seconds since the dispatcher started"),
             ("zq_peers", srv["peers"], "Connected clients with a session"),
             ("zq_workers", srv["workers"], "Connected clients with at least one subscription"),
+            ("zq_journal_sync_running_seconds", srv["journal"]["sync_running_ms"] / 1000,
+             "How long the journal's periodic fsync now running has run (0: none)"),
+            ("zq_journal_sync_last_seconds", srv["journal"]["sync_last_ms"] / 1000,
+             "How long the journal's last periodic fsync took"),
         ):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
