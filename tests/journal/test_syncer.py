@@ -83,6 +83,7 @@ def test_a_periodic_sync_runs_on_its_own_thread_and_no_commit_waits_for_it(journ
     for seq in range(2, 50):  # the commits go on meanwhile (a sync held the loop before)
         publish(j, seq, now_ms=5_000 + seq)
     assert I.read_mark(str(tmp_path / "j")).next < 2  # not on disk yet: the mark does not say so
+    time.sleep(0.002)  # (a duration is measured: let some pass)
     assert j.sync_stats()["sync_running_ms"] > 0  # STATS shows a disk that takes its time
     env.release.set()
     assert j.syncer is not None and j.syncer.wait_idle(10)
@@ -258,3 +259,69 @@ def test_a_journal_never_closed_leaves_no_thread_behind(tmp_path, monkeypatch):
     del j
     gc.collect()
     assert ref() is None
+
+
+class ThreadsThatFailOnce:
+    """``threading`` as it is, but the first thread the syncer starts cannot start
+    (a process at its thread limit)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+        self.Lock, self.Condition = threading.Lock, threading.Condition
+        outer = self
+
+        class Thread(threading.Thread):
+            def start(self) -> None:
+                if not outer.failed:
+                    outer.failed = True
+                    raise RuntimeError("can't start new thread")
+                super().start()
+
+        self.Thread = Thread
+
+
+def test_a_sync_thread_that_cannot_start_makes_the_sync_in_line(journal, tmp_path, monkeypatch, caplog):
+    j, env = journal
+    monkeypatch.setattr(syncer_module, "threading", ThreadsThatFailOnce())
+    caplog.set_level(logging.WARNING, logger="zq.journal.lmdb_journal")
+    publish(j, 1, now_ms=5_000)  # returns: synced here instead
+    assert env.threads == [threading.current_thread().name]
+    assert "the periodic sync runs in line: can't start new thread" in caplog.text
+    assert j.syncer is not None and not j.syncer.busy()
+    publish(j, 2, now_ms=6_001)  # the next one starts its thread
+    assert j.syncer.wait_idle(10) and env.threads[-1] == "zq-journal-sync"
+    assert I.read_mark(str(tmp_path / "j")).next == 3
+
+
+def test_fsync_durability_makes_every_sync_in_line(tmp_path):
+    """A write-back error is told to one fdatasync only: with fsync durability it must be
+    the one a confirmation waits on, so no sync runs beside it."""
+    j = LmdbJournal(str(tmp_path / "j"), durability="fsync")
+    env = HeldSync(j.env)
+    j.env = env  # type: ignore[assignment]
+    try:
+        publish(j, 1, now_ms=5_000)  # not urgent (an ack's), a second since the last: synced, here
+        j.append([R.Message(2, 0, "t", {}, b"x")])
+        j.commit(5_001)  # urgent (a confirmation waits): here
+        assert env.threads == [threading.current_thread().name] * 2 and j.syncer is None
+    finally:
+        j.close()
+
+
+def test_the_metrics_read_the_sync_now_not_at_the_last_heartbeat(journal):
+    """While a slow disk makes commits wait, the loop takes no new snapshot: the metrics
+    endpoint reads the sync's figures itself."""
+    from types import SimpleNamespace
+
+    from zq.server.loop import Server
+
+    j, env = journal
+    env.release.clear()
+    publish(j, 1, now_ms=5_000)
+    assert env.started.acquire(timeout=10)
+    time.sleep(0.002)  # (a duration is measured: let some pass)
+    taken_before = {"server": {"journal": {"writable": True, "sync_running_ms": 0.0, "sync_last_ms": 0.0}}}
+    server = SimpleNamespace(snapshot=taken_before, journal=j)
+    assert Server.metrics_snapshot(server)["server"]["journal"]["sync_running_ms"] > 0, env.threads  # type: ignore[arg-type, index]
+    assert taken_before["server"]["journal"]["sync_running_ms"] == 0.0  # (the snapshot itself is not changed)
+    env.release.set()

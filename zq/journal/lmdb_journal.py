@@ -18,9 +18,10 @@ anew in silence. Journal files are created 0600.
 Durability (DESIGN "Decisions"): ``fsync`` syncs every commit before it returns;
 ``batch`` commits without syncing and syncs at least every ``fsync_interval_ms``;
 ``none`` never syncs. The environment is opened with ``sync=False`` and we call
-``env.sync(True)`` ourselves, so one commit costs at most one fdatasync. The periodic
-sync that nothing waits on (batch's, and fsync's for acks and lease events) runs on a
-thread of its own (zq.journal.syncer), so that the loop never waits on the disk for it.
+``env.sync(True)`` ourselves, so one commit costs at most one fdatasync. Batch's
+periodic sync, which nothing waits on, runs on a thread of its own (zq.journal.syncer),
+so that the loop does not wait on the disk for it (unless the disk is slower than the
+interval); fsync's syncs all run in line, in order.
 
 ``writemap=False`` (ANCHORS rule 8): a full disk becomes an error, never a SIGBUS.
 The map is sparse and large; if it still fills, the writer doubles it and retries.
@@ -335,8 +336,11 @@ class LmdbJournal:
             self.collect_syncs()
         if not self.unsynced or self.durability == "none":
             return
-        if (self.durability == "fsync" and urgent) or self.sync_failed:
-            self.sync(now_ms)
+        if self.durability == "fsync" or self.sync_failed:
+            # fsync: every sync in line and in order, so that a write-back error reaches
+            # the commit whose confirmation waits on it (Linux tells one fdatasync of them).
+            if urgent or self.sync_failed or now_ms - self.last_sync_ms >= self.fsync_interval_ms:
+                self.sync(now_ms)
         elif now_ms - self.last_sync_ms >= self.fsync_interval_ms:
             if self.syncer is not None and self.syncer.busy():
                 self.wait_for_disk()
@@ -351,11 +355,14 @@ class LmdbJournal:
         syncer = self.syncer
         assert syncer is not None
         started = time.monotonic()
-        if started - self.slow_disk_said >= SLOW_DISK_SAY_S:
+        say = started - self.slow_disk_said >= SLOW_DISK_SAY_S
+        if say:
             self.slow_disk_said = started
             log.warning("journal %s: the disk is slow: the periodic sync has run for %.0f ms (fsync_interval is %d ms); "
                         "commits wait for it", self.path, syncer.running_ms(), self.fsync_interval_ms)
         syncer.wait_idle()
+        if say:
+            log.warning("journal %s: commits waited %.0f ms for the disk", self.path, (time.monotonic() - started) * 1000)
         self.collect_syncs()
 
     def sync(self, now_ms: int = 0) -> None:
@@ -373,6 +380,9 @@ class LmdbJournal:
         """The periodic sync, on the syncer's thread (zq.journal.syncer): nothing waits
         on it. What is committed now is on disk when it ends; then the mark follows, at
         most every ``MARK_INTERVAL_S``, unless the mark was lowered meanwhile."""
+        if self.closed:  # (close's last commit: it syncs in line)
+            self.sync(now_ms)
+            return
         if self.syncer is None:
             self.syncer = Syncer("zq-journal-sync")
         env, high, generation = self.env, self.high, self.mark_generation
@@ -388,7 +398,12 @@ class LmdbJournal:
                         self.write_mark_locked(high)
             return high
 
-        self.syncer.ask(job)
+        try:
+            self.syncer.ask(job)
+        except RuntimeError as exc:  # no thread could start (a process at its thread limit): made here
+            log.warning("journal %s: the periodic sync runs in line: %s", self.path, exc)
+            self.sync(now_ms)
+            return
         self.last_sync_ms = now_ms
         self.unsynced = False
 
@@ -398,7 +413,7 @@ class LmdbJournal:
         syncer = self.syncer
         if syncer is None:
             return {"sync_running_ms": 0.0, "sync_last_ms": 0.0}
-        return {"sync_running_ms": round(syncer.running_ms(), 1), "sync_last_ms": round(syncer.last_ms, 1)}
+        return {"sync_running_ms": round(syncer.running_ms(), 3), "sync_last_ms": round(syncer.last_ms, 3)}
 
     def collect_syncs(self) -> None:
         """A sync that failed on the syncer's thread fails the next commit here, as one
@@ -867,10 +882,12 @@ class LmdbJournal:
             except JournalError as exc:
                 log.error("journal: not synced at close: %s", exc)
         finally:
-            if self.syncer is not None:
-                self.syncer.stop()  # (a commit that raised anything else skipped the stop above)
-            self.env.close()
-            self.release_lock()
+            try:
+                if self.syncer is not None:
+                    self.syncer.stop()  # (a commit that raised anything else skipped the stop above)
+            finally:
+                self.env.close()
+                self.release_lock()
 
     def release_lock(self) -> None:
         if self.lock_fd is not None:

@@ -45,10 +45,11 @@ class Syncer:
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the journal's syncer has stopped")
+            if self._thread is None:  # started before anything changes: if it cannot start, nothing is asked
+                thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                thread.start()  # (it waits for the lock held here)
+                self._thread = thread
             self._next = job
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
             self._changed.notify_all()
 
     def take(self) -> tuple[list[Any], BaseException | None]:
@@ -81,7 +82,7 @@ class Syncer:
             self._stopping = True
             self._changed.notify_all()
             thread = self._thread
-        if thread is not None:
+        if thread is not None and thread.is_alive():
             thread.join(timeout)
 
     def _run(self) -> None:

@@ -213,7 +213,7 @@ class Server(Commands, Stats):
             from zq.server.metrics import serve_metrics
 
             try:
-                self.metrics = serve_metrics(lambda: self.snapshot, config.metrics)
+                self.metrics = serve_metrics(self.metrics_snapshot, config.metrics)
             except ZqError:
                 self.close()  # the sockets and the journal opened above
                 raise
@@ -241,6 +241,15 @@ class Server(Commands, Stats):
             os.write(self.wake_w, b"x")
         except OSError:
             pass
+
+    def metrics_snapshot(self) -> dict | None:
+        """The last heartbeat's stats, with the journal's sync figures read now (from the
+        metrics thread): a disk slow enough to make the loop wait shows while it waits."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        journal = {**snap["server"]["journal"], **self.journal.sync_stats()}
+        return {**snap, "server": {**snap["server"], "journal": journal}}
 
     def reread_rules(self) -> None:
         """SIGHUP: the entitlements as the config file says now. A file that no longer
