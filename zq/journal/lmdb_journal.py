@@ -351,7 +351,8 @@ class LmdbJournal:
         ``fsync_interval``. Wait for it here, as the loop did before the syncer had a
         thread: what an OS crash may lose stays about one interval of commits, not an
         interval plus however long the disk stalls. Said in the log (at most once a
-        minute) and in STATS (``sync_running_ms``)."""
+        minute), and shown by the metrics endpoint, which reads ``sync_stats`` at each
+        scrape (STATS waits with the commits)."""
         syncer = self.syncer
         assert syncer is not None
         started = time.monotonic()
