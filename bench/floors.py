@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench.e2e import child_env, cpu_seconds, free_port, percentiles, publish_times, server_cpu, thread_cpu
 
@@ -61,7 +62,7 @@ def relay_main(endpoint: str, n: int, workers: int, journal: str = "") -> None:
     message, before it is confirmed or forwarded (``journal_writer``)."""
     import zmq
 
-    put_and_commit = journal_writer(journal) if journal else None
+    put_and_commit, stored = journal_writer(journal) if journal else (None, lambda: 0)
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
     peers: list[bytes] = []
@@ -86,16 +87,16 @@ def relay_main(endpoint: str, n: int, workers: int, journal: str = "") -> None:
         turn = (turn + 1) % workers
     for p in peers:
         sock.send_multipart([p, b"Q"])
-    stored = put_and_commit.stored() if put_and_commit is not None else 0  # type: ignore[attr-defined]
-    print(json.dumps({"cpu_s": time.process_time() - cpu, "stored": stored,  # what relaying cost, as a dispatcher's CPU
+    print(json.dumps({"cpu_s": time.process_time() - cpu, "stored": stored(),  # what relaying cost, as a dispatcher's CPU
                       "threads": [threads, thread_cpu(os.getpid())]}), flush=True)
 
 
-def journal_writer(path: str):  # type: ignore[no-untyped-def]
-    """The least any journal of zq's kind does per message: one put (append, a
-    big-endian u64 key) and its commit, in an environment opened as zq's journal opens
-    its own (no sync at commit, no writemap), with no record encoding, no CRC, no
-    second tree and no once-a-second sync."""
+def journal_writer(path: str) -> tuple[Callable[[bytes], None], Callable[[], int]]:
+    """``put_and_commit(frame)``, and ``stored()`` (the records in the file, read back
+    from it: the row shows it). The least any journal of zq's kind does per message:
+    one put (append, a big-endian u64 key) and its commit, in an environment opened as
+    zq's journal opens its own (no sync at commit, no writemap), with no record
+    encoding, no CRC, no second tree and no once-a-second sync."""
     import lmdb
 
     env = lmdb.open(path, map_size=1 << 30, max_dbs=5, sync=False, metasync=False, writemap=False, lock=True)
@@ -108,12 +109,11 @@ def journal_writer(path: str):  # type: ignore[no-untyped-def]
         with env.begin(write=True, db=db) as txn:
             txn.put(seq.to_bytes(8, "big"), frame, append=True)
 
-    def stored() -> int:  # read back from the file: the row shows it
+    def stored() -> int:
         with env.begin(db=db) as txn:
             return int(txn.stat(db)["entries"])
 
-    put_and_commit.stored = stored  # type: ignore[attr-defined]
-    return put_and_commit
+    return put_and_commit, stored
 
 
 def worker_main(endpoint: str) -> None:

@@ -288,10 +288,11 @@ class Security:
         except OSError as exc:
             return ("(unreadable)", exc.errno or 0)
 
-    def reload(self) -> None:
+    def reload(self, stamp: tuple | None = None) -> None:
         """Read the allowlist again (also on SIGHUP). The loop then ends the sessions
-        whose key lost its rights (``Server.recheck_sessions``)."""
-        self.allow_stamp = self.stamp()
+        whose key lost its rights (``Server.recheck_sessions``). ``stamp``: the
+        directory's, when the caller has just taken it."""
+        self.allow_stamp = self.stamp() if stamp is None else stamp
         keys = self.read_allowlist()
         if keys is not None:
             self.auth.allow_any = False
@@ -348,8 +349,9 @@ class Security:
         return keys
 
     def reload_if_changed(self) -> bool:
-        if self.stamp() != self.allow_stamp:
-            self.reload()
+        stamp = self.stamp()
+        if stamp != self.allow_stamp:
+            self.reload(stamp)
             return True
         return False
 
